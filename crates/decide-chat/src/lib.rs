@@ -1,0 +1,72 @@
+//! Conversation and tool-specification types shared across `decide`, with parsers for the JSON formats users have.
+//!
+//! Every part of the project looks at the same two things: a conversation (what the user and the assistant said,
+//! which tools were called and what they returned) and a list of tools. The command line reads them from files, the
+//! tool-filtering provider and the model router render them for a decision model, and the agent loop sends them to
+//! a chat model. This crate is the one definition all of them share.
+//!
+//! # Design
+//!
+//! * **LangChain4j's model, Rust's shapes.** [`ChatMessage`] mirrors LangChain4j's `SystemMessage`, `UserMessage`,
+//!   `AiMessage` and `ToolExecutionResultMessage` as one enum, and [`ToolSpecification`] mirrors its
+//!   `ToolSpecification` with the [`SearchBehavior`] metadata. Keeping the same concepts means the rendering rules of
+//!   LangChain4j's `DecisionModelInputUtils` carry over word for word, and so do its tests.
+//! * **Payloads kept, kinds typed.** A decision model only needs to know that a user attached an image, so a user
+//!   message is a list of [`Content`] parts whose *kind* is typed, while URLs, data and file ids are kept as the JSON
+//!   gave them. Tool-call arguments stay raw JSON text and parameter schemas stay [`serde_json::Value`]s, so nothing
+//!   is lost when a conversation is passed on to a chat model ([`ChatMessage::to_openai_json`]).
+//! * **Rendering is separate from the types.** [`decision_messages`] turns a conversation into the
+//!   `{"role","text"}` list decision models read; [`RenderOptions`] choose between LangChain4j 1.21.0's behaviour
+//!   (user and assistant text only) and its later one (system messages, tool calls and results, shortened texts).
+//! * **Parsers name the problem.** [`parse_messages`] and [`parse_tools`] accept the shapes found in the wild (OpenAI
+//!   chat requests, bare tool arrays, MCP `tools/list` results and whole JSON-RPC responses) and reject anything else
+//!   with a one-line [`ParseError`] naming the JSON path, e.g. `tools[3].function.name: missing`. They never panic:
+//!   the input is whatever a user pointed the command line at.
+//!
+//! # Example
+//!
+//! ```
+//! use decide_chat::{decision_messages, parse_messages_str, parse_tools_str, RenderOptions};
+//!
+//! let conversation = parse_messages_str(r#"[
+//!     {"role": "user", "content": "Weather in Paris?"},
+//!     {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+//!         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+//!     {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+//!     {"role": "user", "content": "Do the same for Berlin"}
+//! ]"#)?;
+//! let options = RenderOptions { include_tools: true, ..RenderOptions::default() };
+//! let texts: Vec<_> = decision_messages(&conversation, &options)
+//!     .into_iter()
+//!     .map(|m| format!("{}: {}", m.role, m.text))
+//!     .collect();
+//! assert_eq!(texts, [
+//!     "user: Weather in Paris?",
+//!     r#"assistant: called get_weather({"city":"Paris"})"#,
+//!     "tool: get_weather returned: sunny",
+//!     "user: Do the same for Berlin",
+//! ]);
+//!
+//! let error = parse_tools_str(r#"{"tools": [{"name": "a"}, {"description": "no name"}]}"#).unwrap_err();
+//! assert_eq!(error.to_string(), "tools[1].name: missing");
+//! # Ok::<(), decide_chat::ParseError>(())
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod message;
+pub mod parse;
+pub mod render;
+pub mod tool;
+
+pub use error::ParseError;
+pub use message::{
+    to_openai_json, AssistantMessage, ChatMessage, Content, FileRef, SystemMessage, ToolCall,
+    ToolResultMessage, UserMessage,
+};
+pub use parse::{parse_messages, parse_messages_str, parse_tools, parse_tools_str};
+pub use render::{
+    decision_fields, decision_messages, shorten, DecisionMessage, RenderOptions, ELISION_MARKER,
+};
+pub use tool::{SearchBehavior, ToolSpecification, METADATA_SEARCH_BEHAVIOR};

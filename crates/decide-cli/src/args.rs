@@ -1,0 +1,133 @@
+//! The command line, as clap reads it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use decide_engine::{DeviceSpec, Engine, Precision, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MODEL};
+
+/// Decide which tools an LLM should see, locally, in milliseconds.
+#[derive(Parser, Debug)]
+#[command(name = "decide", version, about, long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Model: a folder, a name in models/, or a Hugging Face id in the local cache.
+    #[arg(long, global = true, env = "DECIDE_MODEL", default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Device: cpu, cuda, cuda:N, metal or auto.
+    #[arg(long, global = true, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceSpec,
+    /// Precision: f32, or f16 / bf16 on GPUs.
+    #[arg(long, global = true, default_value = "f32", value_parser = parse_precision)]
+    pub dtype: Precision,
+    /// Token budget of one forward pass (rows × longest row).
+    #[arg(long, global = true, default_value_t = DEFAULT_MAX_BATCH_TOKENS)]
+    pub max_batch_tokens: usize,
+}
+
+fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+    s.parse().map_err(|e: decide_engine::EngineError| e.to_string())
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse().map_err(|e: decide_engine::EngineError| e.to_string())
+}
+
+impl Global {
+    /// Loads the engine these options name.
+    pub fn engine(&self, allow_uncalibrated: bool) -> anyhow::Result<Engine> {
+        Ok(Engine::builder()
+            .model(&self.model)
+            .device(self.device)
+            .precision(self.dtype)
+            .max_batch_tokens(self.max_batch_tokens)
+            .allow_uncalibrated(allow_uncalibrated)
+            .build()?)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Select the tools a conversation needs.
+    Select(SelectArgs),
+    /// Score every tool of every case of a JSONL file; one JSON line out per line in.
+    Score(ScoreArgs),
+    /// Fit the model's calibration (raw score to probability) on labelled cases.
+    Calibrate(CalibrateArgs),
+    /// List, locate and download models.
+    Models(ModelsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SelectArgs {
+    /// Tools: OpenAI function tools, bare {name, description, parameters}, or an MCP tools/list result.
+    #[arg(long, value_name = "TOOLS.json")]
+    pub tools: PathBuf,
+    /// The conversation, in the OpenAI chat format (tool calls and tool results included).
+    #[arg(long, value_name = "CONVERSATION.json", conflicts_with = "text")]
+    pub messages: Option<PathBuf>,
+    /// A single user message, instead of --messages.
+    #[arg(value_name = "TEXT")]
+    pub text: Option<String>,
+    /// Pass on every tool whose probability reaches this (inclusive).
+    #[arg(long, default_value_t = 0.5)]
+    pub min_probability: f64,
+    /// Keep at most this many of the most probable tools.
+    #[arg(long)]
+    pub max_results: Option<usize>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// Cases, one JSON object a line: {"id", "messages", "tools", "expected"?}.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub data: PathBuf,
+    /// A tool catalogue for lines that have no "tools".
+    #[arg(long, value_name = "CATALOGUE.json")]
+    pub tools: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct CalibrateArgs {
+    /// Labelled cases, as for `decide score`, each with "expected".
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub data: PathBuf,
+    /// A tool catalogue for lines that have no "tools".
+    #[arg(long, value_name = "CATALOGUE.json")]
+    pub tools: Option<PathBuf>,
+    /// Print JSON instead of a manifest snippet.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ModelsArgs {
+    #[command(subcommand)]
+    pub command: ModelsCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ModelsCommand {
+    /// The models the engine knows, and whether each is on this machine.
+    List,
+    /// Where a model's files are (offline).
+    Path {
+        /// A name, a Hugging Face id or a folder.
+        name: String,
+    },
+    /// Download a model from the Hugging Face hub into its cache (needs the network).
+    Pull {
+        /// A known name or a Hugging Face id.
+        name: String,
+    },
+}

@@ -1,0 +1,146 @@
+//! Reading the user's files, with errors that name the file and line.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use decide_chat::{parse_messages, parse_tools, ChatMessage, ToolSpecification};
+use serde_json::Value;
+
+/// Reads a file as UTF-8 text.
+pub fn read_text(path: &Path) -> anyhow::Result<String> {
+    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// Parses a JSON file; a syntax error names the line and column.
+pub fn read_json(path: &Path) -> anyhow::Result<Value> {
+    let text = read_text(path)?;
+    serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}:{}:{}: invalid JSON: {}",
+            path.display(),
+            e.line(),
+            e.column(),
+            strip_position(&e)
+        )
+    })
+}
+
+fn strip_position(e: &serde_json::Error) -> String {
+    let full = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    full.strip_suffix(&suffix).unwrap_or(&full).to_string()
+}
+
+/// Reads a tool list in any of the shapes users have.
+pub fn read_tools(path: &Path) -> anyhow::Result<Vec<ToolSpecification>> {
+    let json = read_json(path)?;
+    let tools = parse_tools(&json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if tools.is_empty() {
+        bail!("{}: no tools", path.display());
+    }
+    Ok(tools)
+}
+
+/// Reads a conversation in the OpenAI chat format.
+pub fn read_messages(path: &Path) -> anyhow::Result<Vec<ChatMessage>> {
+    let json = read_json(path)?;
+    parse_messages(&json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// One line of a `decide score` file.
+pub struct Case {
+    /// The case's id.
+    pub id: Value,
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+    /// The tools, from the line or the catalogue.
+    pub tools: Vec<ToolSpecification>,
+    /// The tools that should be selected, when the line says.
+    pub expected: Option<Vec<String>>,
+}
+
+/// Parses one JSONL line; errors name the file, the line and the field.
+pub fn parse_case(
+    path: &Path,
+    line_no: usize,
+    line: &str,
+    catalogue: Option<&[ToolSpecification]>,
+) -> anyhow::Result<Case> {
+    let at = || format!("{}:{line_no}", path.display());
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| anyhow::anyhow!("{}: invalid JSON at column {}: {}", at(), e.column(), strip_position(&e)))?;
+    let Value::Object(mut obj) = value else {
+        bail!("{}: expected a JSON object", at());
+    };
+    let id = match obj.remove("id") {
+        Some(id @ (Value::String(_) | Value::Number(_))) => id,
+        Some(_) => bail!("{}: id: expected a string or a number", at()),
+        None => bail!("{}: id: missing", at()),
+    };
+    let messages = match obj.get("messages") {
+        Some(m) => parse_messages(m).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?,
+        None => bail!("{}: messages: missing", at()),
+    };
+    let tools = match (obj.get("tools"), catalogue) {
+        (Some(t), _) => parse_tools(t).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?,
+        (None, Some(c)) => c.to_vec(),
+        (None, None) => bail!("{}: tools: missing (give them on the line or with --tools)", at()),
+    };
+    if tools.is_empty() {
+        bail!("{}: tools: empty", at());
+    }
+    let expected = match obj.get("expected") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => {
+            let mut names = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let Some(name) = item.as_str() else {
+                    bail!("{}: expected[{i}]: expected a tool name", at());
+                };
+                if !tools.iter().any(|t| t.name == name) {
+                    bail!("{}: expected[{i}]: unknown tool \"{name}\"", at());
+                }
+                names.push(name.to_string());
+            }
+            Some(names)
+        }
+        Some(_) => bail!("{}: expected: expected an array of tool names", at()),
+    };
+    Ok(Case {
+        id,
+        messages,
+        tools,
+        expected,
+    })
+}
+
+/// Reads the lines of a JSONL file with their 1-based numbers, skipping blank lines; a line
+/// that is not UTF-8 is an error naming it.
+pub fn jsonl_lines(path: &Path) -> anyhow::Result<impl Iterator<Item = anyhow::Result<(usize, String)>>> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    let path = path.to_path_buf();
+    let reader = std::io::BufReader::new(file);
+    Ok(reader
+        .split(b'\n')
+        .enumerate()
+        .filter_map(move |(i, bytes)| {
+            let line_no = i + 1;
+            let bytes = match bytes {
+                Ok(b) => b,
+                Err(e) => return Some(Err(anyhow::anyhow!("{}:{line_no}: {e}", path.display()))),
+            };
+            match String::from_utf8(bytes) {
+                Ok(s) if s.trim().is_empty() => None,
+                Ok(s) => Some(Ok((line_no, s))),
+                Err(_) => Some(Err(anyhow::anyhow!("{}:{line_no}: not UTF-8 text", path.display()))),
+            }
+        }))
+}

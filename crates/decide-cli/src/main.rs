@@ -1,0 +1,53 @@
+//! `decide`: select the tools a conversation needs, score data sets and manage models, offline.
+
+mod args;
+mod calibrate;
+mod input;
+mod models;
+mod score;
+mod select;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = args::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DECIDE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A closed pipe (`decide select ... | head`) is the reader's choice, not an error.
+        Err(err)
+            if err
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            // One line: the outermost context names the file or option, the cause says what.
+            let mut line = err.to_string();
+            for cause in err.chain().skip(1) {
+                line.push_str(": ");
+                line.push_str(&cause.to_string());
+            }
+            eprintln!("error: {}", line.replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: args::Cli) -> anyhow::Result<()> {
+    match cli.command {
+        args::Command::Select(a) => select::run(&cli.global, a),
+        args::Command::Score(a) => score::run(&cli.global, a),
+        args::Command::Calibrate(a) => calibrate::run(&cli.global, a),
+        args::Command::Models(a) => models::run(&cli.global, a),
+    }
+}

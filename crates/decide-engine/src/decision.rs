@@ -1,0 +1,178 @@
+//! The engine as a [`DecisionModel`]: questions become (input, document) pairs, one batched
+//! scoring call answers them all.
+
+use decide_contract::{
+    Answer, ChoiceAnswer, DecisionError, DecisionFuture, DecisionRequest, DecisionRequestParameters,
+    DecisionResponse, Question, ScaleAnswer, TokenUsage, YesNoAnswer,
+};
+
+use crate::calibration::{sigmoid, softmax, Calibration};
+use crate::engine::Engine;
+
+/// The text a candidate is scored as: `name: description`, or the name alone when the
+/// description adds nothing.
+pub fn candidate_text(name: &str, description: &str) -> String {
+    let description = description.trim();
+    if description.is_empty() || description == name {
+        name.to_string()
+    } else {
+        format!("{name}: {description}")
+    }
+}
+
+/// Which documents a question needs, as indexes into the request's deduplicated documents.
+enum Plan {
+    YesNo { yes: usize, no: Option<usize> },
+    Options(Vec<usize>),
+}
+
+struct Documents(Vec<String>);
+
+impl Documents {
+    fn add(&mut self, text: String) -> usize {
+        match self.0.iter().position(|d| *d == text) {
+            Some(i) => i,
+            None => {
+                self.0.push(text);
+                self.0.len() - 1
+            }
+        }
+    }
+}
+
+fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
+    let mut docs = Documents(Vec::new());
+    let mut plans = Vec::new();
+    for question in request.questions().values() {
+        plans.push(match question {
+            Question::YesNo(q) => {
+                let yes = match (q.yes_when(), q.candidate()) {
+                    (Some(when), _) => when.to_string(),
+                    (None, Some(c)) => candidate_text(&c.name, &c.description),
+                    (None, None) => q.text().to_string(),
+                };
+                Plan::YesNo {
+                    yes: docs.add(yes),
+                    no: q.no_when().map(|n| docs.add(n.to_string())),
+                }
+            }
+            Question::Choice(q) => Plan::Options(
+                q.options()
+                    .iter()
+                    .map(|o| docs.add(candidate_text(&o.name, &o.description)))
+                    .collect(),
+            ),
+            Question::Scale(q) => Plan::Options(
+                q.levels()
+                    .iter()
+                    .map(|l| {
+                        docs.add(candidate_text(&l.label, l.description.as_deref().unwrap_or("")))
+                    })
+                    .collect(),
+            ),
+        });
+    }
+    (docs, plans)
+}
+
+fn answer(question: &Question, plan: &Plan, scores: &[f64], cal: Calibration) -> Result<Answer, DecisionError> {
+    Ok(match (question, plan) {
+        (Question::YesNo(_), Plan::YesNo { yes, no }) => {
+            let p = match no {
+                // Both criteria given: which one the input matches better decides, so the
+                // offset cancels and only the slope applies.
+                Some(no) => sigmoid(cal.a * (scores[*yes] - scores[*no])),
+                None => cal.probability(scores[*yes]),
+            };
+            Answer::YesNo(YesNoAnswer::new(p)?)
+        }
+        (Question::Choice(q), Plan::Options(idx)) => {
+            let logits: Vec<f64> = idx.iter().map(|&i| cal.a * scores[i]).collect();
+            let probs = softmax(&logits);
+            let best = argmax(&probs);
+            let names: Vec<String> = q.options().iter().map(|o| o.name.clone()).collect();
+            Answer::Choice(
+                ChoiceAnswer::new(names[best].clone())
+                    .with_probabilities(names.into_iter().zip(probs.iter().copied()))?
+                    .with_confidence(probs[best])?,
+            )
+        }
+        (Question::Scale(_), Plan::Options(idx)) => {
+            let logits: Vec<f64> = idx.iter().map(|&i| cal.a * scores[i]).collect();
+            let probs = softmax(&logits);
+            let mean = probs.iter().enumerate().map(|(i, p)| i as f64 * p).sum();
+            let confidence = probs[argmax(&probs)];
+            Answer::Scale(
+                ScaleAnswer::new(mean)?
+                    .with_probabilities(probs)?
+                    .with_confidence(confidence)?,
+            )
+        }
+        _ => {
+            return Err(DecisionError::UnsupportedFeature(format!(
+                "question type of '{}'",
+                question.text()
+            )))
+        }
+    })
+}
+
+fn argmax(v: &[f64]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f64::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best })
+        .0
+}
+
+impl Engine {
+    fn answer_request(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
+        let cal = self.calibration().map_err(DecisionError::from_model_error)?;
+        let (docs, plans) = plan(request);
+        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
+        let scores = self
+            .score_input(request.input(), &refs)
+            .map_err(DecisionError::from_model_error)?;
+        let mut response = DecisionResponse::builder()
+            .model_name(self.info().name.clone())
+            .token_usage(TokenUsage::new(scores.tokens as u64));
+        for ((name, question), plan) in request.questions().iter().zip(&plans) {
+            response = response.answer(name.clone(), answer(question, plan, &scores.raw, cal)?);
+        }
+        response.build()
+    }
+}
+
+impl decide_contract::DecisionModel for Engine {
+    fn do_decide(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
+        self.answer_request(request)
+    }
+
+    /// Runs inference off the async runtime: on tokio's blocking pool when called inside a
+    /// runtime, on a thread of its own otherwise, so no runtime worker ever waits on the model.
+    fn do_decide_async(&self, request: DecisionRequest) -> DecisionFuture {
+        let engine = self.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = move || {
+            let _ = tx.send(engine.answer_request(&request));
+        };
+        let spawned = match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn_blocking(job);
+                Ok(())
+            }
+            Err(_) => std::thread::Builder::new()
+                .name("decide-engine".into())
+                .spawn(job)
+                .map(|_| ()),
+        };
+        Box::pin(async move {
+            spawned.map_err(DecisionError::from_model_error)?;
+            rx.await
+                .map_err(|_| DecisionError::model("the inference thread stopped without an answer"))?
+        })
+    }
+
+    fn default_request_parameters(&self) -> DecisionRequestParameters {
+        DecisionRequestParameters::for_model(self.info().name.clone())
+    }
+}

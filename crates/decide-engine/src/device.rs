@@ -1,0 +1,195 @@
+//! Where the model runs and in which precision.
+
+use std::fmt;
+use std::str::FromStr;
+
+use candle_core::{DType, Device};
+
+use crate::error::{EngineError, Result};
+
+/// A device as the user names it: `cpu`, `cuda`, `cuda:N`, `metal` or `auto`.
+///
+/// A backend that was not compiled in is an error when the device is opened, never a silent
+/// fallback to another device: `auto` is the only spec that picks for the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    /// The CPU (the default).
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU by ordinal (needs the `cuda` feature).
+    Cuda(usize),
+    /// The Apple GPU (needs the `metal` feature).
+    Metal,
+    /// The first of CUDA, Metal and CPU that this build and machine can open.
+    Auto,
+}
+
+impl FromStr for DeviceSpec {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let lower = s.trim().to_ascii_lowercase();
+        match lower.as_str() {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
+            "metal" | "mps" => Ok(DeviceSpec::Metal),
+            "auto" => Ok(DeviceSpec::Auto),
+            other => match other.strip_prefix("cuda:") {
+                Some(n) => n.parse().map(DeviceSpec::Cuda).map_err(|_| EngineError::Device {
+                    device: s.to_string(),
+                    message: "the CUDA ordinal must be a number, as in cuda:0".into(),
+                }),
+                None => Err(EngineError::Device {
+                    device: s.to_string(),
+                    message: "expected cpu, cuda, cuda:N, metal or auto".into(),
+                }),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceSpec::Metal => f.write_str("metal"),
+            DeviceSpec::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Opens the device.
+    pub fn open(self) -> Result<Device> {
+        let fail = |e: candle_core::Error| EngineError::Device {
+            device: self.to_string(),
+            message: first_line(&e.to_string()),
+        };
+        match self {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(n) => Device::new_cuda(n).map_err(fail),
+            DeviceSpec::Metal => Device::new_metal(0).map_err(fail),
+            DeviceSpec::Auto => {
+                if candle_core::utils::cuda_is_available() {
+                    if let Ok(d) = Device::new_cuda(0) {
+                        return Ok(d);
+                    }
+                }
+                if candle_core::utils::metal_is_available() {
+                    if let Ok(d) = Device::new_metal(0) {
+                        return Ok(d);
+                    }
+                }
+                Ok(Device::Cpu)
+            }
+        }
+    }
+}
+
+/// The precision of the weights and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// 32-bit floats: the default, and the only choice on the CPU.
+    #[default]
+    F32,
+    /// 16-bit floats (GPUs).
+    F16,
+    /// bfloat16 (GPUs).
+    Bf16,
+}
+
+impl FromStr for Precision {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Precision::F32),
+            "f16" | "float16" | "half" => Ok(Precision::F16),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            _ => Err(EngineError::InvalidOption {
+                option: "dtype",
+                message: format!("'{s}': expected f32, f16 or bf16"),
+            }),
+        }
+    }
+}
+
+impl Precision {
+    /// The candle dtype, checked against the device: candle's CPU backend has no fast
+    /// half-precision kernels, so f16 and bf16 there would be slower than f32, not faster.
+    pub fn dtype_for(self, device: &Device) -> Result<DType> {
+        match (self, device) {
+            (Precision::F32, _) => Ok(DType::F32),
+            (_, Device::Cpu) => Err(EngineError::InvalidOption {
+                option: "dtype",
+                message: format!(
+                    "{} is not available on the cpu (candle has no fast half-precision CPU \
+                     kernels); use f32",
+                    self.name()
+                ),
+            }),
+            (Precision::F16, _) => Ok(DType::F16),
+            (Precision::Bf16, _) => Ok(DType::BF16),
+        }
+    }
+
+    /// The name as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// The name of an opened device, for logs and reports.
+pub fn device_name(device: &Device) -> String {
+    match device {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(_) => "cuda".into(),
+        Device::Metal(_) => "metal".into(),
+    }
+}
+
+pub(crate) fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_device_specs() {
+        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!("CUDA".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
+        assert_eq!("metal".parse::<DeviceSpec>().unwrap(), DeviceSpec::Metal);
+        assert_eq!("auto".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
+        let err = "tpu".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert_eq!(err, "device 'tpu': expected cpu, cuda, cuda:N, metal or auto");
+        assert!("cuda:x".parse::<DeviceSpec>().is_err());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_backend_that_is_not_compiled_in_is_an_error() {
+        let err = DeviceSpec::Cuda(0).open().unwrap_err().to_string();
+        assert!(err.starts_with("device 'cuda:0': "), "{err}");
+    }
+
+    #[test]
+    fn auto_always_opens_something() {
+        assert!(DeviceSpec::Auto.open().is_ok());
+    }
+
+    #[test]
+    fn half_precision_is_refused_on_cpu() {
+        assert_eq!(Precision::F32.dtype_for(&Device::Cpu).unwrap(), DType::F32);
+        let err = Precision::Bf16.dtype_for(&Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("bf16 is not available on the cpu"), "{err}");
+        assert!("fp8".parse::<Precision>().is_err());
+    }
+}

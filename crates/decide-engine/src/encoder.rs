@@ -1,0 +1,288 @@
+//! The transformer: BERT / MiniLM and (XLM-)RoBERTa encoders with a classification head
+//! (cross-encoder) or a pooling head (bi-encoder).
+//!
+//! Written here rather than taken from candle-transformers because that crate's BERT has no
+//! sequence-classification head, its XLM-RoBERTa counts positions from the ids at every call,
+//! and the fast paths of later work (fused QKV, kernels per device) need the layers in reach.
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
+
+use crate::config::{Activation, EncoderConfig, Family};
+
+/// How a bi-encoder turns token states into one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean of the non-padding tokens (sentence-transformers' default).
+    Mean,
+    /// The first token.
+    Cls,
+}
+
+/// What sits on top of the encoder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadKind {
+    /// Sequence classification: one logit per label.
+    Classifier,
+    /// Pooled, optionally normalized embeddings.
+    Embedding {
+        /// The pooling.
+        pooling: Pooling,
+        /// Whether vectors are scaled to unit length.
+        normalize: bool,
+    },
+}
+
+/// One padded batch, laid out for the encoder.
+pub(crate) struct Batch {
+    pub ids: Tensor,
+    pub type_ids: Tensor,
+    pub positions: Tensor,
+    /// Additive attention mask (B, 1, 1, L); `None` when no row is padded.
+    pub attention_bias: Option<Tensor>,
+    /// 1.0 for real tokens, 0.0 for padding, (B, L, 1); for mean pooling.
+    pub token_mask: Tensor,
+}
+
+impl Batch {
+    /// Pads `rows` (token ids and type ids) to the longest one.
+    pub fn new(
+        rows: &[(&[u32], &[u32])],
+        config: &EncoderConfig,
+        device: &Device,
+        dtype: DType,
+    ) -> candle_core::Result<Self> {
+        let b = rows.len();
+        let l = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        let pad = config.pad_token_id;
+        let mut ids = Vec::with_capacity(b * l);
+        let mut types = Vec::with_capacity(b * l);
+        let mut positions = Vec::with_capacity(b * l);
+        let mut mask = Vec::with_capacity(b * l);
+        for (row_ids, row_types) in rows {
+            let n = row_ids.len();
+            ids.extend_from_slice(row_ids);
+            ids.extend(std::iter::repeat_n(pad, l - n));
+            types.extend_from_slice(row_types);
+            types.extend(std::iter::repeat_n(0u32, l - n));
+            match config.family {
+                Family::Bert => positions.extend(0..l as u32),
+                Family::Roberta => {
+                    positions.extend((0..n as u32).map(|i| pad + 1 + i));
+                    positions.extend(std::iter::repeat_n(pad, l - n));
+                }
+            }
+            mask.extend(std::iter::repeat_n(1f32, n));
+            mask.extend(std::iter::repeat_n(0f32, l - n));
+        }
+        let padded = rows.iter().any(|r| r.0.len() != l);
+        let token_mask = Tensor::from_vec(mask, (b, l), device)?;
+        let attention_bias = if padded {
+            // Padding gets the most negative value rather than -inf so that softmax never sees
+            // a row of infinities.
+            let bias = ((token_mask.ones_like()? - &token_mask)? * f32::MIN as f64)?;
+            Some(bias.reshape((b, 1, 1, l))?.to_dtype(dtype)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            ids: Tensor::from_vec(ids, (b, l), device)?,
+            type_ids: Tensor::from_vec(types, (b, l), device)?,
+            positions: Tensor::from_vec(positions, (b, l), device)?,
+            attention_bias,
+            token_mask: token_mask.unsqueeze(2)?.to_dtype(dtype)?,
+        })
+    }
+}
+
+struct Embeddings {
+    words: Embedding,
+    positions: Embedding,
+    types: Embedding,
+    norm: LayerNorm,
+}
+
+impl Embeddings {
+    fn load(vb: VarBuilder, c: &EncoderConfig) -> candle_core::Result<Self> {
+        Ok(Self {
+            words: embedding(c.vocab_size, c.hidden_size, vb.pp("word_embeddings"))?,
+            positions: embedding(
+                c.max_position_embeddings,
+                c.hidden_size,
+                vb.pp("position_embeddings"),
+            )?,
+            types: embedding(c.type_vocab_size, c.hidden_size, vb.pp("token_type_embeddings"))?,
+            norm: layer_norm(c.hidden_size, c.layer_norm_eps, vb.pp("LayerNorm"))?,
+        })
+    }
+
+    fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        let x = self.words.forward(&batch.ids)?;
+        let x = (x + self.types.forward(&batch.type_ids)?)?;
+        let x = (x + self.positions.forward(&batch.positions)?)?;
+        self.norm.forward(&x)
+    }
+}
+
+struct Layer {
+    /// Query, key and value projections fused into one matrix: one GEMM instead of three.
+    qkv: Linear,
+    attn_out: Linear,
+    attn_norm: LayerNorm,
+    up: Linear,
+    down: Linear,
+    out_norm: LayerNorm,
+    heads: usize,
+    head_dim: usize,
+    activation: Activation,
+}
+
+impl Layer {
+    fn load(vb: VarBuilder, c: &EncoderConfig) -> candle_core::Result<Self> {
+        let h = c.hidden_size;
+        let attn = vb.pp("attention");
+        let s = attn.pp("self");
+        let q = linear(h, h, s.pp("query"))?;
+        let k = linear(h, h, s.pp("key"))?;
+        let v = linear(h, h, s.pp("value"))?;
+        let w = Tensor::cat(&[q.weight(), k.weight(), v.weight()], 0)?;
+        let bias = |l: &Linear| l.bias().cloned().ok_or_else(|| candle_core::Error::Msg("bias".into()));
+        let b = Tensor::cat(&[bias(&q)?, bias(&k)?, bias(&v)?], 0)?;
+        Ok(Self {
+            qkv: Linear::new(w, Some(b)),
+            attn_out: linear(h, h, attn.pp("output").pp("dense"))?,
+            attn_norm: layer_norm(h, c.layer_norm_eps, attn.pp("output").pp("LayerNorm"))?,
+            up: linear(h, c.intermediate_size, vb.pp("intermediate").pp("dense"))?,
+            down: linear(c.intermediate_size, h, vb.pp("output").pp("dense"))?,
+            out_norm: layer_norm(h, c.layer_norm_eps, vb.pp("output").pp("LayerNorm"))?,
+            heads: c.num_heads,
+            head_dim: h / c.num_heads,
+            activation: c.activation,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let (b, l, h) = x.dims3()?;
+        let qkv = self
+            .qkv
+            .forward(x)?
+            .reshape((b, l, 3, self.heads, self.head_dim))?
+            .permute((2, 0, 3, 1, 4))?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let q = (qkv.get(0)?.contiguous()? * scale)?;
+        let k = qkv.get(1)?.contiguous()?;
+        let v = qkv.get(2)?.contiguous()?;
+        let mut scores = q.matmul(&k.t()?)?;
+        if let Some(bias) = bias {
+            scores = scores.broadcast_add(bias)?;
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
+        let x = self.attn_norm.forward(&(self.attn_out.forward(&ctx)? + x)?)?;
+        let up = self.up.forward(&x)?;
+        let up = match self.activation {
+            Activation::Gelu => up.gelu_erf()?,
+            Activation::GeluTanh => up.gelu()?,
+            Activation::Relu => up.relu()?,
+        };
+        self.out_norm.forward(&(self.down.forward(&up)? + x)?)
+    }
+}
+
+enum Head {
+    /// BERT: pooler (dense + tanh on the first token), then `classifier`.
+    BertClassifier { pooler: Linear, classifier: Linear },
+    /// RoBERTa: `classifier.dense` + tanh on the first token, then `classifier.out_proj`.
+    RobertaClassifier { dense: Linear, out_proj: Linear },
+    Embedding { pooling: Pooling, normalize: bool },
+}
+
+/// An encoder with its head, ready to run batches.
+pub(crate) struct Model {
+    embeddings: Embeddings,
+    layers: Vec<Layer>,
+    head: Head,
+}
+
+/// Finds the weight-name prefix: checkpoints saved from `*ForSequenceClassification` put the
+/// encoder under `bert.` or `roberta.`, bare sentence-transformers checkpoints use no prefix.
+fn encoder_prefix(vb: &VarBuilder) -> Option<&'static str> {
+    ["bert", "roberta", "xlm-roberta", "model"]
+        .into_iter()
+        .find(|p| vb.contains_tensor(&format!("{p}.embeddings.word_embeddings.weight")))
+}
+
+impl Model {
+    pub fn load(vb: VarBuilder, c: &EncoderConfig, head: &HeadKind) -> candle_core::Result<Self> {
+        let prefix = encoder_prefix(&vb);
+        let enc = match prefix {
+            Some(p) => vb.pp(p),
+            None => vb.clone(),
+        };
+        let embeddings = Embeddings::load(enc.pp("embeddings"), c)?;
+        let layers = (0..c.num_layers)
+            .map(|i| Layer::load(enc.pp("encoder").pp("layer").pp(i), c))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let h = c.hidden_size;
+        let head = match head {
+            HeadKind::Embedding { pooling, normalize } => Head::Embedding {
+                pooling: *pooling,
+                normalize: *normalize,
+            },
+            HeadKind::Classifier => {
+                let n = c.labels.len().max(1);
+                match c.family {
+                    Family::Bert => Head::BertClassifier {
+                        pooler: linear(h, h, enc.pp("pooler").pp("dense"))?,
+                        classifier: linear(h, n, vb.pp("classifier"))?,
+                    },
+                    Family::Roberta => Head::RobertaClassifier {
+                        dense: linear(h, h, vb.pp("classifier").pp("dense"))?,
+                        out_proj: linear(h, n, vb.pp("classifier").pp("out_proj"))?,
+                    },
+                }
+            }
+        };
+        Ok(Self {
+            embeddings,
+            layers,
+            head,
+        })
+    }
+
+    /// Runs a batch: logits (B, labels) for a classifier, vectors (B, hidden) for an embedder.
+    pub fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        let mut x = self.embeddings.forward(batch)?;
+        for layer in &self.layers {
+            x = layer.forward(&x, batch.attention_bias.as_ref())?;
+        }
+        match &self.head {
+            Head::BertClassifier { pooler, classifier } => {
+                let first = x.narrow(1, 0, 1)?.squeeze(1)?;
+                classifier.forward(&pooler.forward(&first)?.tanh()?)
+            }
+            Head::RobertaClassifier { dense, out_proj } => {
+                let first = x.narrow(1, 0, 1)?.squeeze(1)?;
+                out_proj.forward(&dense.forward(&first)?.tanh()?)
+            }
+            Head::Embedding { pooling, normalize } => {
+                let pooled = match pooling {
+                    Pooling::Cls => x.narrow(1, 0, 1)?.squeeze(1)?,
+                    Pooling::Mean => {
+                        let summed = x.broadcast_mul(&batch.token_mask)?.sum(1)?;
+                        let counts = batch.token_mask.sum(1)?;
+                        summed.broadcast_div(&counts)?
+                    }
+                };
+                if *normalize {
+                    let norm = pooled.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;
+                    // sentence-transformers divides by max(norm, 1e-12); the floor keeps an
+                    // all-zero vector from turning into NaN.
+                    pooled.broadcast_div(&norm.maximum(1e-12)?)
+                } else {
+                    Ok(pooled)
+                }
+            }
+        }
+    }
+}

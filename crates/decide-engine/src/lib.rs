@@ -1,0 +1,75 @@
+//! # decide-engine
+//!
+//! A candle engine that answers [`DecisionModel`](decide_contract::DecisionModel) requests
+//! offline, in milliseconds, with a small local encoder.
+//!
+//! ## How a decision becomes a forward pass
+//!
+//! Every question of a request is turned into (query, document) pairs: the query is the
+//! request's input rendered as text (the conversation, oldest message first), the document is
+//! what the question is about: the candidate it carries (a tool's or route's name and
+//! description), else its yes-when / no-when criteria, else its own text. All pairs of a
+//! request are scored in one batched call ([`Engine::score`]), then aggregated:
+//!
+//! * yes/no: `P(yes) = sigmoid(a·s + b)`; with both yes-when and no-when,
+//!   `sigmoid(a·(s_yes − s_no))`;
+//! * choice: a softmax over `a·s` of the options (the slope `a` is the inverse temperature);
+//! * scale: the same softmax over the levels, and the expected level index as the mean.
+//!
+//! `a` and `b` are the model's [`Calibration`] (Platt scaling, stored in its manifest):
+//! nothing uncalibrated is called a probability.
+//!
+//! ## Two heads
+//!
+//! * **Bi-encoder** (the default, sentence-transformers/all-MiniLM-L6-v2): conversation and
+//!   candidates are embedded separately and compared by cosine. Candidate embeddings are cached,
+//!   so a repeated tool set costs one forward pass, for the conversation.
+//! * **Cross-encoder** (BERT / MiniLM / XLM-RoBERTa sequence classifiers such as the
+//!   bge-reranker family): each pair is read together; the score is the relevance logit, or the
+//!   entailment log-odds of an NLI model.
+//!
+//! ## Batching and trimming
+//!
+//! The conversation is tokenized once. A pair longer than the model allows loses the oldest
+//! tokens of the conversation first; the candidate is cut only when it alone would crowd the
+//! conversation out of a quarter of the budget. Pairs are sorted by length and cut into batches
+//! of at most `max_batch_tokens` padded tokens ([`plan_batches`]); results come back in input
+//! order, equal to one-by-one scoring.
+//!
+//! ## Models
+//!
+//! [`registry`] resolves a model offline (a folder, `models/<name>/`, or the Hugging Face
+//! cache) and never downloads; `decide models pull` (the `hub` feature) does.
+//!
+//! ## Devices
+//!
+//! CPU by default; the `cuda` and `metal` features compile candle's backends in, and
+//! [`DeviceSpec`] picks one at run time. A backend that is not compiled in is an error, never a
+//! silent fallback.
+#![deny(missing_docs)]
+
+mod batching;
+mod calibration;
+mod config;
+mod decision;
+mod device;
+mod encoder;
+mod engine;
+mod error;
+#[cfg(feature = "hub")]
+mod pull;
+pub mod registry;
+
+pub use batching::plan_batches;
+pub use calibration::{sigmoid, softmax, Calibration};
+pub use config::{Activation, EncoderConfig, Family};
+pub use decision::candidate_text;
+pub use device::{DeviceSpec, Precision};
+pub use engine::{
+    Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_CAPACITY,
+    DEFAULT_MAX_BATCH_TOKENS,
+};
+pub use error::{EngineError, Result};
+#[cfg(feature = "hub")]
+pub use pull::pull;
+pub use registry::{HeadName, Manifest, ModelLocation, DEFAULT_MODEL};

@@ -1,0 +1,272 @@
+//! The engine with the real default model (sentence-transformers/all-MiniLM-L6-v2, fetched by
+//! `models/fetch`): batching, trimming, caching and decisions.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::{fixtures, relative_close};
+use decide_contract::{
+    ChoiceQuestion, DecisionInput, DecisionModel, DecisionRequest, ScaleQuestion, YesNoQuestion,
+};
+use decide_engine::{candidate_text, Engine, EngineError};
+
+/// One model for the whole test binary: loading it is the slow part.
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::builder().build().expect("run models/fetch first"))
+}
+
+const TOOLS: &[(&str, &str)] = &[
+    ("get_forecast", "Get the weather forecast for a location"),
+    ("send_email", "Send an email to a recipient with a subject and body"),
+    ("create_event", "Create a new event in the user's Google Calendar"),
+    ("read_file", "Read the complete contents of a file from the file system"),
+    ("search_repositories", "Search for GitHub repositories"),
+    ("slack_post_message", "Post a new message to a Slack channel"),
+];
+
+fn tool_texts() -> Vec<String> {
+    TOOLS.iter().map(|(n, d)| candidate_text(n, d)).collect()
+}
+
+fn words(n: usize, word: &str) -> String {
+    vec![word; n].join(" ")
+}
+
+#[test]
+fn batched_scores_equal_one_by_one_scores() {
+    // A cache-less engine so the batched run really embeds every candidate again, and a small
+    // token budget so the candidates span several batches of different lengths.
+    let fresh = Engine::builder().cache_capacity(0).max_batch_tokens(96).build().unwrap();
+    let mut candidates = tool_texts();
+    candidates.push(words(40, "calendar"));
+    candidates.push("x".into());
+    let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
+    let query = "user: what will the weather be like in Paris tomorrow?";
+    let batched = fresh.score(query, &refs).unwrap().raw;
+    for (i, c) in refs.iter().enumerate() {
+        let single = fresh.score(query, &[c]).unwrap().raw[0];
+        assert!(relative_close(batched[i], single, 1e-5), "{c}: batched {} vs single {single}", batched[i]);
+    }
+}
+
+#[test]
+fn cross_encoder_batched_equals_single() {
+    let engine = Engine::builder()
+        .model(fixtures().join("tiny-xlmr-1").to_str().unwrap())
+        .max_batch_tokens(64)
+        .build()
+        .unwrap();
+    let candidates: Vec<String> = (1..12).map(|n| words(n * 3, "flight")).collect();
+    let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
+    let batched = engine.score("book me a flight to Rome", &refs).unwrap().raw;
+    for (i, c) in refs.iter().enumerate() {
+        let single = engine.score("book me a flight to Rome", &[c]).unwrap().raw[0];
+        assert!(relative_close(batched[i], single, 1e-5), "{i}: {} vs {single}", batched[i]);
+    }
+}
+
+#[test]
+fn a_long_conversation_loses_its_oldest_tokens_first() {
+    let engine = Engine::builder()
+        .model(fixtures().join("tiny-bert-1").to_str().unwrap())
+        .max_length(64)
+        .build()
+        .unwrap();
+    let conversation = format!("{} {}", words(100, "old"), words(10, "new"));
+    let ids = engine.pair_token_ids(&conversation, "send email").unwrap();
+    assert_eq!(ids.len(), 64);
+    let text = engine.decode(&ids).unwrap();
+    assert!(text.ends_with("send email"), "the candidate is kept whole: {text}");
+    assert_eq!(text.matches("new").count(), 10, "the newest words are kept: {text}");
+    assert!(text.starts_with("old"), "{text}");
+}
+
+#[test]
+fn the_candidate_is_cut_only_after_the_conversation() {
+    let engine = Engine::builder()
+        .model(fixtures().join("tiny-bert-1").to_str().unwrap())
+        .max_length(64)
+        .build()
+        .unwrap();
+    // A long candidate and a long conversation: the conversation keeps only its reserved
+    // quarter of the budget, the candidate gets the rest.
+    let ids = engine.pair_token_ids(&words(100, "old"), &words(100, "tool")).unwrap();
+    assert_eq!(ids.len(), 64);
+    let text = engine.decode(&ids).unwrap();
+    let budget = 64 - 3;
+    assert_eq!(text.matches("old").count(), budget / 4);
+    assert_eq!(text.matches("tool").count(), budget - budget / 4);
+    // A short conversation is never cut for a long candidate.
+    let ids = engine.pair_token_ids("old old", &words(100, "tool")).unwrap();
+    assert_eq!(engine.decode(&ids).unwrap().matches("old").count(), 2);
+}
+
+#[test]
+fn the_bi_encoder_trims_the_conversation_from_its_oldest_end() {
+    let e = engine();
+    let tail = "user: please send an email to anna";
+    let long = format!("{} {tail}", words(600, "history"));
+    let short_scores = e.score(tail, &["send_email: Send an email"]).unwrap().raw[0];
+    let long_scores = e.score(&long, &["send_email: Send an email"]).unwrap().raw[0];
+    // The kept end carries the request, so the long conversation still matches the tool.
+    assert!(long_scores > 0.2, "{long_scores}");
+    assert!(short_scores > 0.2);
+}
+
+#[test]
+fn repeated_tool_sets_hit_the_embedding_cache() {
+    let e = Engine::builder().build().unwrap();
+    let texts = tool_texts();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let first = e.score("user: email the report to Anna", &refs).unwrap();
+    let second = e.score("user: what's the forecast for Berlin?", &refs).unwrap();
+    let query_tokens = e.count_tokens("user: what's the forecast for Berlin?").unwrap() + 2;
+    assert_eq!(e.cached_embeddings(), refs.len());
+    assert_eq!(second.tokens, query_tokens, "only the conversation went through the model");
+    assert!(first.tokens > second.tokens);
+    let again = e.score("user: email the report to Anna", &refs).unwrap();
+    for (a, b) in first.raw.iter().zip(&again.raw) {
+        assert!(relative_close(*a, *b, 1e-6));
+    }
+}
+
+fn tool_request(conversation: &str) -> DecisionRequest {
+    let mut fields = serde_json::Map::new();
+    fields.insert(
+        "messages".into(),
+        serde_json::json!([{ "role": "user", "text": conversation }]),
+    );
+    let mut b = DecisionRequest::builder().input(DecisionInput::Fields(fields));
+    for (i, (name, description)) in TOOLS.iter().enumerate() {
+        b = b.question(
+            format!("tool{i}"),
+            YesNoQuestion::builder("Would this tool help to handle the request?")
+                .candidate(*name, *description)
+                .build()
+                .unwrap(),
+        );
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn the_real_model_selects_the_needed_tool() {
+    let cases = [
+        ("Will it rain in Paris tomorrow?", "get_forecast"),
+        ("Send Anna an email saying the meeting moved to 3pm", "send_email"),
+        ("Put a dentist appointment in my calendar for Friday at 10", "create_event"),
+        ("Show me what's in notes.txt", "read_file"),
+    ];
+    for (text, needed) in cases {
+        let response = engine().decide(&tool_request(text)).unwrap();
+        let probs: Vec<f64> = (0..TOOLS.len())
+            .map(|i| response.yes_no(&format!("tool{i}")).unwrap().probability())
+            .collect();
+        let best = probs.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        assert_eq!(TOOLS[best].0, needed, "{text}: {probs:?}");
+        assert!(probs[best] >= 0.5, "{text}: {needed} has only {}", probs[best]);
+        let others_max = probs.iter().enumerate().filter(|(i, _)| *i != best).map(|(_, p)| *p).fold(0.0, f64::max);
+        assert!(others_max < 0.5, "{text}: an unneeded tool passes: {probs:?}");
+        assert!(response.token_usage().is_some());
+    }
+}
+
+#[test]
+fn choice_and_scale_questions_on_the_real_model() {
+    let choice = ChoiceQuestion::builder("Which model should handle this request?")
+        .option_with_description("simple", "Greetings, short factual questions, simple lookups")
+        .option_with_description("complex", "Multi-step reasoning, writing code, detailed analysis")
+        .build()
+        .unwrap();
+    let scale = ScaleQuestion::builder("How urgent is this?")
+        .level_with_description("low", "no hurry, whenever you have time")
+        .level_with_description("high", "urgent, immediately, production is down")
+        .build()
+        .unwrap();
+    let request = DecisionRequest::builder()
+        .input(DecisionInput::Text(
+            "Write a Rust function that parses this log format and analyses the error rates step by step".into(),
+        ))
+        .question("route", choice)
+        .question("urgency", scale)
+        .build()
+        .unwrap();
+    let response = engine().decide(&request).unwrap();
+    let route = response.choice("route").unwrap();
+    assert_eq!(route.value(), "complex");
+    let sum: f64 = ["simple", "complex"].iter().map(|o| route.probability_of(o).unwrap()).sum();
+    assert!((sum - 1.0).abs() < 1e-9);
+    assert!(route.probability_of("medium").is_err());
+    let urgency = response.scale("urgency").unwrap();
+    assert!((0.0..=1.0).contains(&urgency.mean()));
+    assert_eq!(urgency.probabilities().len(), 2);
+}
+
+#[test]
+fn yes_when_and_no_when_compare_the_two_criteria() {
+    let q = YesNoQuestion::builder("Is the user angry?")
+        .yes_when("the user is furious, insulting and complaining loudly")
+        .no_when("the user is calm and friendly")
+        .build()
+        .unwrap();
+    let ask = |text: &str| {
+        let request = DecisionRequest::builder()
+            .input(DecisionInput::Text(text.into()))
+            .question("angry", q.clone())
+            .build()
+            .unwrap();
+        engine().decide(&request).unwrap().yes_no("angry").unwrap().probability()
+    };
+    let angry = ask("This is the third time your useless product broke! I am furious!");
+    let calm = ask("Thanks so much, have a lovely and friendly day!");
+    assert!(angry > 0.5 && calm < 0.5, "angry {angry}, calm {calm}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn decide_async_runs_off_the_runtime() {
+    // On a current-thread runtime, inference on the runtime's only thread would block this
+    // timer task too; the answer arriving proves it ran elsewhere.
+    let request = tool_request("Will it rain in Paris tomorrow?");
+    let response = engine().decide_async(&request).await.unwrap();
+    let sync = engine().decide(&request).unwrap();
+    for i in 0..TOOLS.len() {
+        let name = format!("tool{i}");
+        assert!(relative_close(
+            response.yes_no(&name).unwrap().probability(),
+            sync.yes_no(&name).unwrap().probability(),
+            1e-9
+        ));
+    }
+}
+
+#[test]
+fn decide_async_works_without_a_runtime_too() {
+    let request = tool_request("Send Anna an email");
+    let future = engine().decide_async(&request);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    assert!(rt.block_on(future).is_ok());
+}
+
+#[test]
+fn a_model_folder_with_a_missing_file_names_it() {
+    let src = engine().info().dir.clone();
+    let dir = std::env::temp_dir().join(format!("decide-missing-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
+    for f in ["config.json", "modules.json", "1_Pooling/config.json", "manifest.toml", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let err = Engine::builder().model(dir.to_str().unwrap()).build().unwrap_err();
+    assert!(matches!(err, EngineError::MissingFile { .. }));
+    assert_eq!(err.to_string(), format!("{}: missing tokenizer.json", dir.display()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn absurd_options_are_refused() {
+    let err = Engine::builder().max_batch_tokens(0).build().unwrap_err().to_string();
+    assert!(err.starts_with("max-batch-tokens: 0 is out of range"), "{err}");
+    let err = Engine::builder().max_length(100_000).build().unwrap_err().to_string();
+    assert!(err.starts_with("max-length: 100000 is out of range"), "{err}");
+}
