@@ -77,35 +77,61 @@ fn select_on_the_shipped_example_picks_forecast_and_email() {
         .collect();
     assert!(names.contains(&"get_forecast"), "{v}");
     let catalogue: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("examples/tools.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(root().join("examples/tools.json")).unwrap())
+            .unwrap();
     let all = v["scores"].as_array().unwrap();
     assert_eq!(all.len(), catalogue["tools"].as_array().unwrap().len());
-    assert!(all.iter().all(|s| (0.0..=1.0).contains(&s["probability"].as_f64().unwrap())));
-    assert!(names.len() < all.len() / 2, "the filter must filter: {names:?}");
+    assert!(all
+        .iter()
+        .all(|s| (0.0..=1.0).contains(&s["probability"].as_f64().unwrap())));
+    assert!(
+        names.len() < all.len() / 2,
+        "the filter must filter: {names:?}"
+    );
     // The follow-up asks for an email too: the plain embedder does not pass it at 0.5 yet, but
     // ranks it above most tools.
     let p = |name: &str| {
-        all.iter().find(|s| s["name"] == name).unwrap()["probability"].as_f64().unwrap()
+        all.iter().find(|s| s["name"] == name).unwrap()["probability"]
+            .as_f64()
+            .unwrap()
     };
-    let below = all.iter().filter(|s| s["probability"].as_f64().unwrap() < p("send_email")).count();
+    let below = all
+        .iter()
+        .filter(|s| s["probability"].as_f64().unwrap() < p("send_email"))
+        .count();
     assert!(below > all.len() * 3 / 4, "send_email ranks too low: {v}");
 }
 
 #[test]
 fn select_takes_a_plain_text_and_prints_a_table() {
-    let o = decide(&["select", "--tools", "examples/tools-openai.json", "what's the weather in Oslo tomorrow?"]);
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools-openai.json",
+        "what's the weather in Oslo tomorrow?",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("tools selected"), "{out}");
     let first_row = out.lines().nth(2).unwrap();
-    assert!(first_row.starts_with('*') && first_row.contains("get_forecast"), "{out}");
+    assert!(
+        first_row.starts_with('*') && first_row.contains("get_forecast"),
+        "{out}"
+    );
 }
 
 #[test]
 fn max_results_limits_the_selection() {
     let o = decide(&[
-        "select", "--tools", "examples/tools.json", "--min-probability", "0", "--max-results", "3",
-        "--json", "email the forecast to Anna",
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--min-probability",
+        "0",
+        "--max-results",
+        "3",
+        "--json",
+        "email the forecast to Anna",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -123,10 +149,18 @@ fn score_streams_one_line_per_case_in_order() {
             r#"{"id":2,"messages":[{"role":"user","content":"mail the notes to Bob"}]}"#, "\n",
         ),
     );
-    let o = decide(&["score", "--data", &data, "--tools", "examples/tools-openai.json"]);
+    let o = decide(&[
+        "score",
+        "--data",
+        &data,
+        "--tools",
+        "examples/tools-openai.json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> =
-        stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["id"], "a");
     assert_eq!(lines[1]["id"], 2);
@@ -151,7 +185,10 @@ fn broken_json_names_the_line_and_column() {
 #[test]
 fn a_tool_without_a_name_is_named() {
     let t = TempDir::new("noname");
-    let tools = t.file("tools.json", r#"[{"name":"a","description":"x"},{"description":"y"}]"#);
+    let tools = t.file(
+        "tools.json",
+        r#"[{"name":"a","description":"x"},{"description":"y"}]"#,
+    );
     let o = decide(&["select", "--tools", &tools, "hello"]);
     assert_one_line_error(&o, "tools[1].name");
 }
@@ -168,15 +205,30 @@ fn duplicate_tool_names_are_refused() {
 fn an_empty_conversation_is_refused() {
     let t = TempDir::new("empty");
     let messages = t.file("conversation.json", "[]");
-    let o = decide(&["select", "--tools", "examples/tools.json", "--messages", &messages]);
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--messages",
+        &messages,
+    ]);
     assert_one_line_error(&o, "empty conversation");
 }
 
 #[test]
 fn a_conversation_without_user_text_is_refused() {
     let t = TempDir::new("nouser");
-    let messages = t.file("conversation.json", r#"[{"role":"system","content":"be nice"}]"#);
-    let o = decide(&["select", "--tools", "examples/tools.json", "--messages", &messages]);
+    let messages = t.file(
+        "conversation.json",
+        r#"[{"role":"system","content":"be nice"}]"#,
+    );
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--messages",
+        &messages,
+    ]);
     assert_one_line_error(&o, "no user message");
 }
 
@@ -191,24 +243,62 @@ fn non_utf8_input_is_refused() {
 #[test]
 fn a_model_folder_with_a_missing_file_is_named() {
     let t = TempDir::new("model");
-    t.file("config.json", std::fs::read(root().join("models/all-MiniLM-L6-v2/config.json")).unwrap());
-    let o = decide(&["--model", t.0.to_str().unwrap(), "select", "--tools", "examples/tools.json", "hi"]);
+    t.file(
+        "config.json",
+        std::fs::read(root().join("models/all-MiniLM-L6-v2/config.json")).unwrap(),
+    );
+    let o = decide(&[
+        "--model",
+        t.0.to_str().unwrap(),
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "hi",
+    ]);
     assert_one_line_error(&o, "missing tokenizer.json");
 }
 
 #[test]
 fn an_unknown_model_says_how_to_get_one() {
-    let o = decide(&["--model", "no-such-model", "select", "--tools", "examples/tools.json", "hi"]);
+    let o = decide(&[
+        "--model",
+        "no-such-model",
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "hi",
+    ]);
     assert_one_line_error(&o, "model 'no-such-model' was not found");
 }
 
 #[test]
 fn absurd_options_are_refused() {
-    let o = decide(&["select", "--tools", "examples/tools.json", "--min-probability", "2", "hi"]);
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--min-probability",
+        "2",
+        "hi",
+    ]);
     assert_one_line_error(&o, "--min-probability");
-    let o = decide(&["--max-batch-tokens", "0", "select", "--tools", "examples/tools.json", "hi"]);
+    let o = decide(&[
+        "--max-batch-tokens",
+        "0",
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "hi",
+    ]);
     assert_one_line_error(&o, "max-batch-tokens");
-    let o = decide(&["--device", "tpu", "select", "--tools", "examples/tools.json", "hi"]);
+    let o = decide(&[
+        "--device",
+        "tpu",
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "hi",
+    ]);
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -218,11 +308,19 @@ fn a_bad_jsonl_line_is_named_and_nothing_after_it_is_lost() {
     let data = t.file(
         "cases.jsonl",
         concat!(
-            r#"{"id":"a","messages":[{"role":"user","content":"hi"}]}"#, "\n",
-            r#"{"id":"b","messages":[{"role":"user","content":"hi"}],"expected":["nope"]}"#, "\n",
+            r#"{"id":"a","messages":[{"role":"user","content":"hi"}]}"#,
+            "\n",
+            r#"{"id":"b","messages":[{"role":"user","content":"hi"}],"expected":["nope"]}"#,
+            "\n",
         ),
     );
-    let o = decide(&["score", "--data", &data, "--tools", "examples/tools-openai.json"]);
+    let o = decide(&[
+        "score",
+        "--data",
+        &data,
+        "--tools",
+        "examples/tools-openai.json",
+    ]);
     assert_one_line_error(&o, "cases.jsonl:2: expected[0]: unknown tool \"nope\"");
     // The good line before the bad one was still written.
     assert_eq!(stdout(&o).lines().count(), 1);
@@ -233,7 +331,13 @@ fn duplicate_ids_are_refused() {
     let t = TempDir::new("dupid");
     let line = r#"{"id":"a","messages":[{"role":"user","content":"hi"}]}"#;
     let data = t.file("cases.jsonl", format!("{line}\n{line}\n"));
-    let o = decide(&["score", "--data", &data, "--tools", "examples/tools-openai.json"]);
+    let o = decide(&[
+        "score",
+        "--data",
+        &data,
+        "--tools",
+        "examples/tools-openai.json",
+    ]);
     assert_one_line_error(&o, "cases.jsonl:2: id: duplicate id");
 }
 
@@ -244,5 +348,7 @@ fn models_list_and_path_work_offline() {
     assert!(stdout(&o).contains("all-MiniLM-L6-v2"));
     let o = decide(&["models", "path", "all-MiniLM-L6-v2"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(Path::new(stdout(&o).trim()).join("model.safetensors").is_file());
+    assert!(Path::new(stdout(&o).trim())
+        .join("model.safetensors")
+        .is_file());
 }

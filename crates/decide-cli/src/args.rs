@@ -33,11 +33,13 @@ pub struct Global {
 }
 
 fn parse_device(s: &str) -> Result<DeviceSpec, String> {
-    s.parse().map_err(|e: decide_engine::EngineError| e.to_string())
+    s.parse()
+        .map_err(|e: decide_engine::EngineError| e.to_string())
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
-    s.parse().map_err(|e: decide_engine::EngineError| e.to_string())
+    s.parse()
+        .map_err(|e: decide_engine::EngineError| e.to_string())
 }
 
 impl Global {

@@ -23,7 +23,10 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         let (line_no, text) = line?;
         let case = parse_case(&args.data, line_no, &text, catalogue.as_deref())?;
         let Some(expected) = case.expected else {
-            bail!("{}:{line_no}: expected: missing (calibration needs labels)", args.data.display());
+            bail!(
+                "{}:{line_no}: expected: missing (calibration needs labels)",
+                args.data.display()
+            );
         };
         let request = tool_request(&case.messages, &case.tools)
             .with_context(|| format!("{}:{line_no}", args.data.display()))?;
@@ -43,7 +46,10 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     let Some(fit) = Calibration::fit(&scores, &labels) else {
-        bail!("{}: calibration needs both needed and unneeded tools", args.data.display());
+        bail!(
+            "{}: calibration needs both needed and unneeded tools",
+            args.data.display()
+        );
     };
     let positives = labels.iter().filter(|l| **l).count();
     let log_loss = scores
@@ -51,7 +57,11 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         .zip(&labels)
         .map(|(s, l)| {
             let p = sigmoid(fit.logit(*s)).clamp(1e-12, 1.0 - 1e-12);
-            if *l { -p.ln() } else { -(1.0 - p).ln() }
+            if *l {
+                -p.ln()
+            } else {
+                -(1.0 - p).ln()
+            }
         })
         .sum::<f64>()
         / scores.len() as f64;
@@ -63,7 +73,8 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         });
         writeln!(out, "{line}")?;
     } else {
-        writeln!(out, 
+        writeln!(
+            out,
             "# {} on {}: {cases} cases, {} pairs ({positives} needed), log loss {log_loss:.4}",
             engine.info().name,
             args.data.display(),

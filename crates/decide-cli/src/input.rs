@@ -74,8 +74,14 @@ pub fn parse_case(
     catalogue: Option<&[ToolSpecification]>,
 ) -> anyhow::Result<Case> {
     let at = || format!("{}:{line_no}", path.display());
-    let value: Value = serde_json::from_str(line)
-        .map_err(|e| anyhow::anyhow!("{}: invalid JSON at column {}: {}", at(), e.column(), strip_position(&e)))?;
+    let value: Value = serde_json::from_str(line).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: invalid JSON at column {}: {}",
+            at(),
+            e.column(),
+            strip_position(&e)
+        )
+    })?;
     let Value::Object(mut obj) = value else {
         bail!("{}: expected a JSON object", at());
     };
@@ -91,7 +97,10 @@ pub fn parse_case(
     let tools = match (obj.get("tools"), catalogue) {
         (Some(t), _) => parse_tools(t).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?,
         (None, Some(c)) => c.to_vec(),
-        (None, None) => bail!("{}: tools: missing (give them on the line or with --tools)", at()),
+        (None, None) => bail!(
+            "{}: tools: missing (give them on the line or with --tools)",
+            at()
+        ),
     };
     if tools.is_empty() {
         bail!("{}: tools: empty", at());
@@ -123,7 +132,9 @@ pub fn parse_case(
 
 /// Reads the lines of a JSONL file with their 1-based numbers, skipping blank lines; a line
 /// that is not UTF-8 is an error naming it.
-pub fn jsonl_lines(path: &Path) -> anyhow::Result<impl Iterator<Item = anyhow::Result<(usize, String)>>> {
+pub fn jsonl_lines(
+    path: &Path,
+) -> anyhow::Result<impl Iterator<Item = anyhow::Result<(usize, String)>>> {
     use std::io::BufRead;
     let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
     let path = path.to_path_buf();
@@ -140,7 +151,10 @@ pub fn jsonl_lines(path: &Path) -> anyhow::Result<impl Iterator<Item = anyhow::R
             match String::from_utf8(bytes) {
                 Ok(s) if s.trim().is_empty() => None,
                 Ok(s) => Some(Ok((line_no, s))),
-                Err(_) => Some(Err(anyhow::anyhow!("{}:{line_no}: not UTF-8 text", path.display()))),
+                Err(_) => Some(Err(anyhow::anyhow!(
+                    "{}:{line_no}: not UTF-8 text",
+                    path.display()
+                ))),
             }
         }))
 }

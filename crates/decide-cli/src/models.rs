@@ -15,7 +15,13 @@ pub fn run(_global: &Global, args: ModelsArgs) -> anyhow::Result<()> {
                     Ok(loc) => loc.dir.display().to_string(),
                     Err(_) => "not on this machine".into(),
                 };
-                writeln!(out, "{:<20} {:<13} {:<40} {place}", m.name, m.head.as_str(), m.hf_id)?;
+                writeln!(
+                    out,
+                    "{:<20} {:<13} {:<40} {place}",
+                    m.name,
+                    m.head.as_str(),
+                    m.hf_id
+                )?;
             }
             Ok(())
         }
@@ -31,11 +37,18 @@ pub fn run(_global: &Global, args: ModelsArgs) -> anyhow::Result<()> {
 #[cfg(feature = "hub")]
 fn pull(name: &str) -> anyhow::Result<()> {
     let loc = decide_engine::pull(name)?;
-    writeln!(std::io::stdout(), "{} is in {}", loc.name, loc.dir.display())?;
+    writeln!(
+        std::io::stdout(),
+        "{} is in {}",
+        loc.name,
+        loc.dir.display()
+    )?;
     Ok(())
 }
 
 #[cfg(not(feature = "hub"))]
 fn pull(name: &str) -> anyhow::Result<()> {
-    anyhow::bail!("cannot pull '{name}': this build has no `hub` feature (rebuild with --features hub)")
+    anyhow::bail!(
+        "cannot pull '{name}': this build has no `hub` feature (rebuild with --features hub)"
+    )
 }

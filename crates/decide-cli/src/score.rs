@@ -52,7 +52,11 @@ pub fn run(global: &Global, args: ScoreArgs) -> anyhow::Result<()> {
         let (line_no, text) = line?;
         let case = parse_case(&args.data, line_no, &text, catalogue.as_deref())?;
         if !ids.insert(case.id.to_string()) {
-            bail!("{}:{line_no}: id: duplicate id {}", args.data.display(), case.id);
+            bail!(
+                "{}:{line_no}: id: duplicate id {}",
+                args.data.display(),
+                case.id
+            );
         }
         let started = Instant::now();
         let scores = score_tools(&engine, &case.messages, &case.tools)

@@ -4,7 +4,9 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_chat::{decision_fields, decision_messages, ChatMessage, RenderOptions, ToolSpecification};
+use decide_chat::{
+    decision_fields, decision_messages, ChatMessage, RenderOptions, ToolSpecification,
+};
 use decide_contract::{DecisionInput, DecisionModel, DecisionRequest, YesNoQuestion};
 use decide_engine::Engine;
 use serde::Serialize;
@@ -64,7 +66,10 @@ pub fn tool_request(
         DecisionRequest::builder().input(DecisionInput::Fields(decision_fields(&rendered)));
     for (i, tool) in tools.iter().enumerate() {
         let question = YesNoQuestion::builder(TOOL_QUESTION)
-            .candidate(tool.name.clone(), tool.description.clone().unwrap_or_default())
+            .candidate(
+                tool.name.clone(),
+                tool.description.clone().unwrap_or_default(),
+            )
             .build()
             .with_context(|| format!("tool '{}'", tool.name))?;
         request = request.question(format!("tool{i}"), question);
@@ -95,14 +100,22 @@ pub fn score_tools(
 
 /// The tools that pass: probability at least `min_probability`, the `max_results` most
 /// probable, in the tools' own order.
-pub fn selected(scores: &[Scored], min_probability: f64, max_results: Option<usize>) -> Vec<Scored> {
+pub fn selected(
+    scores: &[Scored],
+    min_probability: f64,
+    max_results: Option<usize>,
+) -> Vec<Scored> {
     let mut passing: Vec<(usize, &Scored)> = scores
         .iter()
         .enumerate()
         .filter(|(_, s)| s.probability >= min_probability)
         .collect();
     if let Some(k) = max_results {
-        passing.sort_by(|a, b| b.1.probability.total_cmp(&a.1.probability).then(a.0.cmp(&b.0)));
+        passing.sort_by(|a, b| {
+            b.1.probability
+                .total_cmp(&a.1.probability)
+                .then(a.0.cmp(&b.0))
+        });
         passing.truncate(k);
         passing.sort_by_key(|(i, _)| *i);
     }
@@ -111,7 +124,10 @@ pub fn selected(scores: &[Scored], min_probability: f64, max_results: Option<usi
 
 pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
     if !(0.0..=1.0).contains(&args.min_probability) {
-        bail!("--min-probability: {} is not between 0 and 1", args.min_probability);
+        bail!(
+            "--min-probability: {} is not between 0 and 1",
+            args.min_probability
+        );
     }
     if args.max_results == Some(0) {
         bail!("--max-results: must be at least 1");
@@ -137,7 +153,8 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         writeln!(out, "{json}")?;
         return Ok(());
     }
-    writeln!(out, 
+    writeln!(
+        out,
         "{} of {} tools selected (min probability {}, {} on {}, {:.1} ms)",
         chosen.len(),
         scores.len(),
@@ -146,12 +163,21 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         engine.info().device,
         elapsed.as_secs_f64() * 1000.0
     )?;
-    let width = scores.iter().map(|s| s.name.chars().count()).max().unwrap_or(4).max(4);
+    let width = scores
+        .iter()
+        .map(|s| s.name.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     writeln!(out, "  {:<width$}  probability", "tool")?;
     let mut ranked: Vec<&Scored> = scores.iter().collect();
     ranked.sort_by(|a, b| b.probability.total_cmp(&a.probability));
     for s in ranked {
-        let mark = if chosen.iter().any(|c| c.name == s.name) { '*' } else { ' ' };
+        let mark = if chosen.iter().any(|c| c.name == s.name) {
+            '*'
+        } else {
+            ' '
+        };
         writeln!(out, "{mark} {:<width$}  {:.3}", s.name, s.probability)?;
     }
     Ok(())
@@ -171,14 +197,20 @@ mod tests {
     #[test]
     fn threshold_is_inclusive_and_order_is_kept() {
         let scores = [s("a", 0.2), s("b", 0.5), s("c", 0.9), s("d", 0.7)];
-        let names: Vec<String> = selected(&scores, 0.5, None).into_iter().map(|s| s.name).collect();
+        let names: Vec<String> = selected(&scores, 0.5, None)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         assert_eq!(names, ["b", "c", "d"]);
     }
 
     #[test]
     fn max_results_keeps_the_most_probable_in_original_order() {
         let scores = [s("a", 0.6), s("b", 0.5), s("c", 0.9), s("d", 0.7)];
-        let names: Vec<String> = selected(&scores, 0.5, Some(2)).into_iter().map(|s| s.name).collect();
+        let names: Vec<String> = selected(&scores, 0.5, Some(2))
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         assert_eq!(names, ["c", "d"]);
     }
 }

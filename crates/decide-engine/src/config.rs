@@ -117,7 +117,8 @@ impl EncoderConfig {
                 ));
             }
         }
-        if raw.num_attention_heads == 0 || raw.hidden_size % raw.num_attention_heads != 0 {
+        if raw.num_attention_heads == 0 || !raw.hidden_size.is_multiple_of(raw.num_attention_heads)
+        {
             return Err(format!(
                 "num_attention_heads: {} does not divide hidden_size {}",
                 raw.num_attention_heads, raw.hidden_size
@@ -207,7 +208,8 @@ mod tests {
 
     #[test]
     fn xlm_roberta_positions_start_after_padding() {
-        let text = MINILM.replace("\"model_type\":\"bert\"", "\"model_type\":\"xlm-roberta\"")
+        let text = MINILM
+            .replace("\"model_type\":\"bert\"", "\"model_type\":\"xlm-roberta\"")
             .replace("\"pad_token_id\":0", "\"pad_token_id\":1");
         let c = EncoderConfig::from_json(&text).unwrap();
         assert_eq!(c.family, Family::Roberta);
@@ -222,6 +224,8 @@ mod tests {
         let err = EncoderConfig::from_json("{}").unwrap_err();
         assert!(err.contains("missing field"), "{err}");
         let text = MINILM.replace("\"num_attention_heads\":12", "\"num_attention_heads\":7");
-        assert!(EncoderConfig::from_json(&text).unwrap_err().starts_with("num_attention_heads"));
+        assert!(EncoderConfig::from_json(&text)
+            .unwrap_err()
+            .starts_with("num_attention_heads"));
     }
 }

@@ -2,8 +2,8 @@
 //! scoring call answers them all.
 
 use decide_contract::{
-    Answer, ChoiceAnswer, DecisionError, DecisionFuture, DecisionRequest, DecisionRequestParameters,
-    DecisionResponse, Question, ScaleAnswer, TokenUsage, YesNoAnswer,
+    Answer, ChoiceAnswer, DecisionError, DecisionFuture, DecisionRequest,
+    DecisionRequestParameters, DecisionResponse, Question, ScaleAnswer, TokenUsage, YesNoAnswer,
 };
 
 use crate::calibration::{sigmoid, softmax, Calibration};
@@ -66,7 +66,10 @@ fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
                 q.levels()
                     .iter()
                     .map(|l| {
-                        docs.add(candidate_text(&l.label, l.description.as_deref().unwrap_or("")))
+                        docs.add(candidate_text(
+                            &l.label,
+                            l.description.as_deref().unwrap_or(""),
+                        ))
                     })
                     .collect(),
             ),
@@ -75,7 +78,12 @@ fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
     (docs, plans)
 }
 
-fn answer(question: &Question, plan: &Plan, scores: &[f64], cal: Calibration) -> Result<Answer, DecisionError> {
+fn answer(
+    question: &Question,
+    plan: &Plan,
+    scores: &[f64],
+    cal: Calibration,
+) -> Result<Answer, DecisionError> {
     Ok(match (question, plan) {
         (Question::YesNo(_), Plan::YesNo { yes, no }) => {
             let p = match no {
@@ -120,13 +128,21 @@ fn answer(question: &Question, plan: &Plan, scores: &[f64], cal: Calibration) ->
 fn argmax(v: &[f64]) -> usize {
     v.iter()
         .enumerate()
-        .fold((0, f64::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best })
+        .fold((0, f64::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 {
+                (i, x)
+            } else {
+                best
+            }
+        })
         .0
 }
 
 impl Engine {
     fn answer_request(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
-        let cal = self.calibration().map_err(DecisionError::from_model_error)?;
+        let cal = self
+            .calibration()
+            .map_err(DecisionError::from_model_error)?;
         let (docs, plans) = plan(request);
         let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
         let scores = self
@@ -167,8 +183,9 @@ impl decide_contract::DecisionModel for Engine {
         };
         Box::pin(async move {
             spawned.map_err(DecisionError::from_model_error)?;
-            rx.await
-                .map_err(|_| DecisionError::model("the inference thread stopped without an answer"))?
+            rx.await.map_err(|_| {
+                DecisionError::model("the inference thread stopped without an answer")
+            })?
         })
     }
 

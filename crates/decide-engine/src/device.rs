@@ -35,10 +35,13 @@ impl FromStr for DeviceSpec {
             "metal" | "mps" => Ok(DeviceSpec::Metal),
             "auto" => Ok(DeviceSpec::Auto),
             other => match other.strip_prefix("cuda:") {
-                Some(n) => n.parse().map(DeviceSpec::Cuda).map_err(|_| EngineError::Device {
-                    device: s.to_string(),
-                    message: "the CUDA ordinal must be a number, as in cuda:0".into(),
-                }),
+                Some(n) => n
+                    .parse()
+                    .map(DeviceSpec::Cuda)
+                    .map_err(|_| EngineError::Device {
+                        device: s.to_string(),
+                        message: "the CUDA ordinal must be a number, as in cuda:0".into(),
+                    }),
                 None => Err(EngineError::Device {
                     device: s.to_string(),
                     message: "expected cpu, cuda, cuda:N, metal or auto".into(),
@@ -169,7 +172,10 @@ mod tests {
         assert_eq!("metal".parse::<DeviceSpec>().unwrap(), DeviceSpec::Metal);
         assert_eq!("auto".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
         let err = "tpu".parse::<DeviceSpec>().unwrap_err().to_string();
-        assert_eq!(err, "device 'tpu': expected cpu, cuda, cuda:N, metal or auto");
+        assert_eq!(
+            err,
+            "device 'tpu': expected cpu, cuda, cuda:N, metal or auto"
+        );
         assert!("cuda:x".parse::<DeviceSpec>().is_err());
     }
 
@@ -188,7 +194,10 @@ mod tests {
     #[test]
     fn half_precision_is_refused_on_cpu() {
         assert_eq!(Precision::F32.dtype_for(&Device::Cpu).unwrap(), DType::F32);
-        let err = Precision::Bf16.dtype_for(&Device::Cpu).unwrap_err().to_string();
+        let err = Precision::Bf16
+            .dtype_for(&Device::Cpu)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bf16 is not available on the cpu"), "{err}");
         assert!("fp8".parse::<Precision>().is_err());
     }

@@ -111,7 +111,11 @@ impl Embeddings {
                 c.hidden_size,
                 vb.pp("position_embeddings"),
             )?,
-            types: embedding(c.type_vocab_size, c.hidden_size, vb.pp("token_type_embeddings"))?,
+            types: embedding(
+                c.type_vocab_size,
+                c.hidden_size,
+                vb.pp("token_type_embeddings"),
+            )?,
             norm: layer_norm(c.hidden_size, c.layer_norm_eps, vb.pp("LayerNorm"))?,
         })
     }
@@ -146,7 +150,11 @@ impl Layer {
         let k = linear(h, h, s.pp("key"))?;
         let v = linear(h, h, s.pp("value"))?;
         let w = Tensor::cat(&[q.weight(), k.weight(), v.weight()], 0)?;
-        let bias = |l: &Linear| l.bias().cloned().ok_or_else(|| candle_core::Error::Msg("bias".into()));
+        let bias = |l: &Linear| {
+            l.bias()
+                .cloned()
+                .ok_or_else(|| candle_core::Error::Msg("bias".into()))
+        };
         let b = Tensor::cat(&[bias(&q)?, bias(&k)?, bias(&v)?], 0)?;
         Ok(Self {
             qkv: Linear::new(w, Some(b)),
@@ -178,7 +186,9 @@ impl Layer {
         }
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
-        let x = self.attn_norm.forward(&(self.attn_out.forward(&ctx)? + x)?)?;
+        let x = self
+            .attn_norm
+            .forward(&(self.attn_out.forward(&ctx)? + x)?)?;
         let up = self.up.forward(&x)?;
         let up = match self.activation {
             Activation::Gelu => up.gelu_erf()?,
@@ -191,10 +201,19 @@ impl Layer {
 
 enum Head {
     /// BERT: pooler (dense + tanh on the first token), then `classifier`.
-    BertClassifier { pooler: Linear, classifier: Linear },
+    BertClassifier {
+        pooler: Linear,
+        classifier: Linear,
+    },
     /// RoBERTa: `classifier.dense` + tanh on the first token, then `classifier.out_proj`.
-    RobertaClassifier { dense: Linear, out_proj: Linear },
-    Embedding { pooling: Pooling, normalize: bool },
+    RobertaClassifier {
+        dense: Linear,
+        out_proj: Linear,
+    },
+    Embedding {
+        pooling: Pooling,
+        normalize: bool,
+    },
 }
 
 /// An encoder with its head, ready to run batches.

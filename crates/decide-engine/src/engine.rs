@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use serde::Deserialize;
 use decide_contract::DecisionInput;
+use serde::Deserialize;
 use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 
 use crate::batching::plan_batches;
@@ -308,8 +308,8 @@ impl Engine {
         let dir = location.dir.clone();
         let config = EncoderConfig::from_file(&require(&dir, "config.json")?)?;
         let tokenizer_path = require(&dir, "tokenizer.json")?;
-        let mut tokenizer =
-            Tokenizer::from_file(&tokenizer_path).map_err(|e| tokenizer_error(&tokenizer_path, e))?;
+        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| tokenizer_error(&tokenizer_path, e))?;
         // Tokenizer files often carry a fixed truncation and padding for another runtime; the
         // engine trims and pads itself, per pair.
         tokenizer
@@ -347,16 +347,14 @@ impl Engine {
                     .position(|l| l.eq_ignore_ascii_case("entailment"))
                 {
                     Some(i) => (ScoreKind::Entailment, i),
-                    None => {
-                        return Err(EngineError::Unsupported {
-                            dir,
-                            message: format!(
-                                "a classifier with {} labels needs an 'entailment' label (labels: {})",
-                                config.labels.len(),
-                                config.labels.join(", ")
-                            ),
-                        })
-                    }
+                    None => return Err(EngineError::Unsupported {
+                        dir,
+                        message: format!(
+                            "a classifier with {} labels needs an 'entailment' label (labels: {})",
+                            config.labels.len(),
+                            config.labels.join(", ")
+                        ),
+                    }),
                 },
             },
         };
@@ -373,9 +371,10 @@ impl Engine {
         if calibration.is_none() && !options.allow_uncalibrated {
             return Err(EngineError::Uncalibrated {
                 model: location.name.clone(),
-                hint: "a bi-encoder's cosine is not a probability; fit one with `decide calibrate` \
+                hint:
+                    "a bi-encoder's cosine is not a probability; fit one with `decide calibrate` \
                        and add it as [calibration] to the model's manifest.toml"
-                    .into(),
+                        .into(),
             });
         }
 
@@ -415,11 +414,13 @@ impl Engine {
         let vb = if weights.extension().is_some_and(|e| e == "safetensors") {
             // SAFETY: the file is memory-mapped read-only; like every mmap-based loader this
             // assumes nobody truncates it while the engine runs.
-            unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, &device) }
-                .map_err(|e| EngineError::bad_file(&weights, crate::device::first_line(&e.to_string())))?
+            unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, &device) }.map_err(
+                |e| EngineError::bad_file(&weights, crate::device::first_line(&e.to_string())),
+            )?
         } else {
-            VarBuilder::from_pth(&weights, dtype, &device)
-                .map_err(|e| EngineError::bad_file(&weights, crate::device::first_line(&e.to_string())))?
+            VarBuilder::from_pth(&weights, dtype, &device).map_err(|e| {
+                EngineError::bad_file(&weights, crate::device::first_line(&e.to_string()))
+            })?
         };
         let model = Model::load(vb, &config, &head).map_err(|e| {
             EngineError::bad_file(&weights, crate::device::first_line(&e.to_string()))
@@ -499,7 +500,11 @@ impl Engine {
     /// One text as the model reads it alone, trimmed to the model's length from `side`.
     fn single_row(&self, text: &str, keep_end: bool) -> Result<Row> {
         let mut enc = self.encode(text)?;
-        let budget = self.inner.info.max_length.saturating_sub(self.specials(false));
+        let budget = self
+            .inner
+            .info
+            .max_length
+            .saturating_sub(self.specials(false));
         if enc.len() > budget {
             let direction = if keep_end {
                 TruncationDirection::Left
@@ -517,7 +522,11 @@ impl Engine {
     /// crowd the query out of its reserved quarter of the budget.
     fn pair_row(&self, query: &Encoding, candidate: &str) -> Result<Row> {
         let mut cand = self.encode(candidate)?;
-        let budget = self.inner.info.max_length.saturating_sub(self.specials(true));
+        let budget = self
+            .inner
+            .info
+            .max_length
+            .saturating_sub(self.specials(true));
         let mut query = query.clone();
         if query.len() + cand.len() > budget {
             let reserve = query.len().min(budget / 4);
@@ -543,7 +552,12 @@ impl Engine {
                 .iter()
                 .map(|&i| (rows[i].ids.as_slice(), rows[i].types.as_slice()))
                 .collect();
-            let input = Batch::new(&slices, &self.inner.config, &self.inner.device, self.inner.dtype)?;
+            let input = Batch::new(
+                &slices,
+                &self.inner.config,
+                &self.inner.device,
+                self.inner.dtype,
+            )?;
             let output = self.inner.model.forward(&input)?;
             let output: Vec<Vec<f32>> = output.to_dtype(DType::F32)?.to_vec2()?;
             for (&i, v) in batch.iter().zip(output) {
@@ -614,7 +628,9 @@ impl Engine {
     pub fn score_input(&self, input: &DecisionInput, candidates: &[&str]) -> Result<Scores> {
         let full = input.render();
         match (self.inner.info.head, input.last_user_text()) {
-            (HeadName::BiEncoder, Some(last)) if last.trim() != full.trim() && !candidates.is_empty() => {
+            (HeadName::BiEncoder, Some(last))
+                if last.trim() != full.trim() && !candidates.is_empty() =>
+            {
                 self.score_bi(&[&full, last], candidates)
             }
             _ => self.score(&full, candidates),
@@ -643,7 +659,10 @@ impl Engine {
         for c in &missing {
             rows.push(self.single_row(c, false)?);
         }
-        tokens += rows[views.len()..].iter().map(|r| r.ids.len()).sum::<usize>();
+        tokens += rows[views.len()..]
+            .iter()
+            .map(|r| r.ids.len())
+            .sum::<usize>();
         let mut out = self.run(&rows)?.into_iter();
         let queries: Vec<Vec<f32>> = out.by_ref().take(views.len()).collect();
         let fresh: HashMap<&str, Arc<[f32]>> = missing
@@ -744,10 +763,13 @@ impl Engine {
 
     /// The calibration, or an error naming the model when it has none.
     pub fn calibration(&self) -> Result<Calibration> {
-        self.inner.info.calibration.ok_or_else(|| EngineError::Uncalibrated {
-            model: self.inner.info.name.clone(),
-            hint: "fit one with `decide calibrate`".into(),
-        })
+        self.inner
+            .info
+            .calibration
+            .ok_or_else(|| EngineError::Uncalibrated {
+                model: self.inner.info.name.clone(),
+                hint: "fit one with `decide calibrate`".into(),
+            })
     }
 
     /// Whether `forward` tensors are on `device` (for tests across devices).
@@ -775,4 +797,3 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
         dot / (na.sqrt() * nb.sqrt())
     }
 }
-

@@ -74,7 +74,9 @@ pub fn verify(path: &Path, expected: &str) -> Result<()> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = file.read(&mut buf).map_err(|e| EngineError::bad_file(path, e))?;
+        let n = file
+            .read(&mut buf)
+            .map_err(|e| EngineError::bad_file(path, e))?;
         if n == 0 {
             break;
         }

@@ -19,7 +19,9 @@ pub const DEFAULT_MODEL: &str = "all-MiniLM-L6-v2";
 
 /// The manifests shipped with the engine, so that a name resolves to its hub id and checksums
 /// even where the `models/` folder is not at hand.
-const BUILTIN: &[&str] = &[include_str!("../../../models/all-MiniLM-L6-v2/manifest.toml")];
+const BUILTIN: &[&str] = &[include_str!(
+    "../../../models/all-MiniLM-L6-v2/manifest.toml"
+)];
 
 /// Which head a model is used with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -153,7 +155,11 @@ fn resolve_relative(spec: &str) -> Result<ModelLocation> {
         let name = manifest
             .as_ref()
             .map(|m| m.name.clone())
-            .or_else(|| as_path.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .or_else(|| {
+                as_path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
             .unwrap_or_else(|| spec.to_string());
         return Ok(ModelLocation {
             name,
@@ -259,7 +265,10 @@ mod tests {
     #[test]
     fn an_unknown_name_says_what_to_do() {
         let err = resolve("no-such-model-anywhere").unwrap_err().to_string();
-        assert!(err.starts_with("model 'no-such-model-anywhere' was not found"), "{err}");
+        assert!(
+            err.starts_with("model 'no-such-model-anywhere' was not found"),
+            "{err}"
+        );
         assert!(err.contains("known models: all-MiniLM-L6-v2"), "{err}");
         let err = resolve("./missing/folder").unwrap_err().to_string();
         assert!(err.contains("was not found"), "{err}");

@@ -21,14 +21,22 @@ fn pairs(r: &Value) -> Vec<(String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p[0].as_str().unwrap().to_string(), p[1].as_str().unwrap().to_string()))
+        .map(|p| {
+            (
+                p[0].as_str().unwrap().to_string(),
+                p[1].as_str().unwrap().to_string(),
+            )
+        })
         .collect()
 }
 
 fn check_classifier(dir: &str) {
     let r = reference(dir);
     let pairs = pairs(&r);
-    let refs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let refs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     let expected: Vec<Vec<f64>> = serde_json::from_value(r["logits"].clone()).unwrap();
     let expected_ids: Vec<Vec<u32>> = serde_json::from_value(r["input_ids"].clone()).unwrap();
     for device in devices() {
@@ -39,7 +47,11 @@ fn check_classifier(dir: &str) {
             .unwrap();
         assert_eq!(engine.info().head, HeadName::CrossEncoder);
         for ((q, d), ids) in refs.iter().zip(&expected_ids) {
-            assert_eq!(&engine.pair_token_ids(q, d).unwrap(), ids, "{dir}: token ids of ({q}, {d})");
+            assert_eq!(
+                &engine.pair_token_ids(q, d).unwrap(),
+                ids,
+                "{dir}: token ids of ({q}, {d})"
+            );
         }
         let logits = engine.classify_pairs(&refs).unwrap();
         assert_eq!(logits.len(), expected.len());
@@ -55,7 +67,10 @@ fn check_classifier(dir: &str) {
             spread = spread.max((want[0] - expected[0][0]).abs());
         }
         // Reference logits that were all equal would let a broken model pass.
-        assert!(spread > 0.05, "{dir}: reference logits do not differ between pairs");
+        assert!(
+            spread > 0.05,
+            "{dir}: reference logits do not differ between pairs"
+        );
     }
 }
 
@@ -94,7 +109,10 @@ fn nli_scores_are_entailment_log_odds() {
     let l = &expected[0];
     let p_entail = l[1].exp() / l.iter().map(|x| x.exp()).sum::<f64>();
     let p = decide_engine::sigmoid(s);
-    assert!((p - p_entail).abs() < 1e-4, "{p} vs softmax entailment {p_entail}");
+    assert!(
+        (p - p_entail).abs() < 1e-4,
+        "{p} vs softmax entailment {p_entail}"
+    );
 }
 
 #[test]
@@ -105,7 +123,8 @@ fn weights_without_the_encoder_prefix_load_the_same() {
     for f in ["config.json", "tokenizer.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
-    let tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
     assert!(tensors.keys().any(|k| k.starts_with("bert.")));
     let stripped: HashMap<String, Tensor> = tensors
         .into_iter()
@@ -115,9 +134,15 @@ fn weights_without_the_encoder_prefix_load_the_same() {
 
     let r = reference("tiny-bert-1");
     let pairs = pairs(&r);
-    let refs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let refs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     let expected: Vec<Vec<f64>> = serde_json::from_value(r["logits"].clone()).unwrap();
-    let engine = Engine::builder().model(dir.to_str().unwrap()).build().unwrap();
+    let engine = Engine::builder()
+        .model(dir.to_str().unwrap())
+        .build()
+        .unwrap();
     let logits = engine.classify_pairs(&refs).unwrap();
     for (got, want) in logits.iter().zip(&expected) {
         assert!((got[0] as f64 - want[0]).abs() < 1e-4);
@@ -138,9 +163,16 @@ fn minilm_embeddings_match_sentence_transformers() {
         for (i, (g, w)) in got.iter().zip(&expected).enumerate() {
             assert_eq!(g.len(), w.len());
             let dot: f64 = g.iter().zip(w).map(|(a, b)| *a as f64 * b).sum();
-            let max_diff = g.iter().zip(w).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
+            let max_diff = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .fold(0.0, f64::max);
             assert!(dot > 0.9999, "text {i} on {device}: cosine {dot}");
-            assert!(max_diff < tolerance(device) as f64, "text {i} on {device}: max diff {max_diff}");
+            assert!(
+                max_diff < tolerance(device) as f64,
+                "text {i} on {device}: max diff {max_diff}"
+            );
         }
     }
 }

@@ -19,11 +19,23 @@ fn engine() -> &'static Engine {
 
 const TOOLS: &[(&str, &str)] = &[
     ("get_forecast", "Get the weather forecast for a location"),
-    ("send_email", "Send an email to a recipient with a subject and body"),
-    ("create_event", "Create a new event in the user's Google Calendar"),
-    ("read_file", "Read the complete contents of a file from the file system"),
+    (
+        "send_email",
+        "Send an email to a recipient with a subject and body",
+    ),
+    (
+        "create_event",
+        "Create a new event in the user's Google Calendar",
+    ),
+    (
+        "read_file",
+        "Read the complete contents of a file from the file system",
+    ),
     ("search_repositories", "Search for GitHub repositories"),
-    ("slack_post_message", "Post a new message to a Slack channel"),
+    (
+        "slack_post_message",
+        "Post a new message to a Slack channel",
+    ),
 ];
 
 fn tool_texts() -> Vec<String> {
@@ -38,7 +50,11 @@ fn words(n: usize, word: &str) -> String {
 fn batched_scores_equal_one_by_one_scores() {
     // A cache-less engine so the batched run really embeds every candidate again, and a small
     // token budget so the candidates span several batches of different lengths.
-    let fresh = Engine::builder().cache_capacity(0).max_batch_tokens(96).build().unwrap();
+    let fresh = Engine::builder()
+        .cache_capacity(0)
+        .max_batch_tokens(96)
+        .build()
+        .unwrap();
     let mut candidates = tool_texts();
     candidates.push(words(40, "calendar"));
     candidates.push("x".into());
@@ -47,7 +63,11 @@ fn batched_scores_equal_one_by_one_scores() {
     let batched = fresh.score(query, &refs).unwrap().raw;
     for (i, c) in refs.iter().enumerate() {
         let single = fresh.score(query, &[c]).unwrap().raw[0];
-        assert!(relative_close(batched[i], single, 1e-5), "{c}: batched {} vs single {single}", batched[i]);
+        assert!(
+            relative_close(batched[i], single, 1e-5),
+            "{c}: batched {} vs single {single}",
+            batched[i]
+        );
     }
 }
 
@@ -63,7 +83,11 @@ fn cross_encoder_batched_equals_single() {
     let batched = engine.score("book me a flight to Rome", &refs).unwrap().raw;
     for (i, c) in refs.iter().enumerate() {
         let single = engine.score("book me a flight to Rome", &[c]).unwrap().raw[0];
-        assert!(relative_close(batched[i], single, 1e-5), "{i}: {} vs {single}", batched[i]);
+        assert!(
+            relative_close(batched[i], single, 1e-5),
+            "{i}: {} vs {single}",
+            batched[i]
+        );
     }
 }
 
@@ -78,8 +102,15 @@ fn a_long_conversation_loses_its_oldest_tokens_first() {
     let ids = engine.pair_token_ids(&conversation, "send email").unwrap();
     assert_eq!(ids.len(), 64);
     let text = engine.decode(&ids).unwrap();
-    assert!(text.ends_with("send email"), "the candidate is kept whole: {text}");
-    assert_eq!(text.matches("new").count(), 10, "the newest words are kept: {text}");
+    assert!(
+        text.ends_with("send email"),
+        "the candidate is kept whole: {text}"
+    );
+    assert_eq!(
+        text.matches("new").count(),
+        10,
+        "the newest words are kept: {text}"
+    );
     assert!(text.starts_with("old"), "{text}");
 }
 
@@ -92,27 +123,40 @@ fn the_candidate_is_cut_only_after_the_conversation() {
         .unwrap();
     // A long candidate and a long conversation: the conversation keeps only its reserved
     // quarter of the budget, the candidate gets the rest.
-    let ids = engine.pair_token_ids(&words(100, "old"), &words(100, "tool")).unwrap();
+    let ids = engine
+        .pair_token_ids(&words(100, "old"), &words(100, "new"))
+        .unwrap();
     assert_eq!(ids.len(), 64);
     let text = engine.decode(&ids).unwrap();
     let budget = 64 - 3;
-    assert_eq!(text.matches("old").count(), budget / 4);
-    assert_eq!(text.matches("tool").count(), budget - budget / 4);
+    assert_eq!(text.matches("old").count(), budget / 4, "{text}");
+    assert_eq!(text.matches("new").count(), budget - budget / 4, "{text}");
     // A short conversation is never cut for a long candidate.
-    let ids = engine.pair_token_ids("old old", &words(100, "tool")).unwrap();
+    let ids = engine
+        .pair_token_ids("old old", &words(100, "new"))
+        .unwrap();
     assert_eq!(engine.decode(&ids).unwrap().matches("old").count(), 2);
 }
 
 #[test]
 fn the_bi_encoder_trims_the_conversation_from_its_oldest_end() {
     let e = engine();
-    let tail = "user: please send an email to anna";
-    let long = format!("{} {tail}", words(600, "history"));
-    let short_scores = e.score(tail, &["send_email: Send an email"]).unwrap().raw[0];
-    let long_scores = e.score(&long, &["send_email: Send an email"]).unwrap().raw[0];
-    // The kept end carries the request, so the long conversation still matches the tool.
-    assert!(long_scores > 0.2, "{long_scores}");
-    assert!(short_scores > 0.2);
+    let tool = ["send_email: Send an email"];
+    let request = "user: please send an email to anna";
+    let history = words(600, "history");
+    let newest_last = e.score(&format!("{history} {request}"), &tool).unwrap().raw[0];
+    let newest_first = e.score(&format!("{request} {history}"), &tool).unwrap().raw[0];
+    let history_only = e.score(&history, &tool).unwrap().raw[0];
+    // The request at the newest end survives the trim and matches the tool; at the oldest end
+    // it is cut away, leaving exactly what the history alone gives.
+    assert!(
+        newest_last > newest_first + 0.03,
+        "{newest_last} vs {newest_first}"
+    );
+    assert!(
+        relative_close(newest_first, history_only, 1e-5),
+        "{newest_first} vs {history_only}"
+    );
 }
 
 #[test]
@@ -121,10 +165,18 @@ fn repeated_tool_sets_hit_the_embedding_cache() {
     let texts = tool_texts();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let first = e.score("user: email the report to Anna", &refs).unwrap();
-    let second = e.score("user: what's the forecast for Berlin?", &refs).unwrap();
-    let query_tokens = e.count_tokens("user: what's the forecast for Berlin?").unwrap() + 2;
+    let second = e
+        .score("user: what's the forecast for Berlin?", &refs)
+        .unwrap();
+    let query_tokens = e
+        .count_tokens("user: what's the forecast for Berlin?")
+        .unwrap()
+        + 2;
     assert_eq!(e.cached_embeddings(), refs.len());
-    assert_eq!(second.tokens, query_tokens, "only the conversation went through the model");
+    assert_eq!(
+        second.tokens, query_tokens,
+        "only the conversation went through the model"
+    );
     assert!(first.tokens > second.tokens);
     let again = e.score("user: email the report to Anna", &refs).unwrap();
     for (a, b) in first.raw.iter().zip(&again.raw) {
@@ -155,8 +207,14 @@ fn tool_request(conversation: &str) -> DecisionRequest {
 fn the_real_model_selects_the_needed_tool() {
     let cases = [
         ("Will it rain in Paris tomorrow?", "get_forecast"),
-        ("Send Anna an email saying the meeting moved to 3pm", "send_email"),
-        ("Put a dentist appointment in my calendar for Friday at 10", "create_event"),
+        (
+            "Send Anna an email saying the meeting moved to 3pm",
+            "send_email",
+        ),
+        (
+            "Put a dentist appointment in my calendar for Friday at 10",
+            "create_event",
+        ),
         ("Show me what's in notes.txt", "read_file"),
     ];
     for (text, needed) in cases {
@@ -164,11 +222,23 @@ fn the_real_model_selects_the_needed_tool() {
         let probs: Vec<f64> = (0..TOOLS.len())
             .map(|i| response.yes_no(&format!("tool{i}")).unwrap().probability())
             .collect();
-        let best = probs.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        let best = probs
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0;
         assert_eq!(TOOLS[best].0, needed, "{text}: {probs:?}");
-        assert!(probs[best] >= 0.5, "{text}: {needed} has only {}", probs[best]);
-        let others_max = probs.iter().enumerate().filter(|(i, _)| *i != best).map(|(_, p)| *p).fold(0.0, f64::max);
-        assert!(others_max < 0.5, "{text}: an unneeded tool passes: {probs:?}");
+        let others_max = probs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != best)
+            .map(|(_, p)| *p)
+            .fold(0.0, f64::max);
+        assert!(
+            others_max < 0.5,
+            "{text}: an unneeded tool passes: {probs:?}"
+        );
         assert!(response.token_usage().is_some());
     }
 }
@@ -176,8 +246,14 @@ fn the_real_model_selects_the_needed_tool() {
 #[test]
 fn choice_and_scale_questions_on_the_real_model() {
     let choice = ChoiceQuestion::builder("Which model should handle this request?")
-        .option_with_description("simple", "Greetings, short factual questions, simple lookups")
-        .option_with_description("complex", "Multi-step reasoning, writing code, detailed analysis")
+        .option_with_description(
+            "simple",
+            "Greetings, short factual questions, simple lookups",
+        )
+        .option_with_description(
+            "complex",
+            "Multi-step reasoning, writing code, detailed analysis",
+        )
         .build()
         .unwrap();
     let scale = ScaleQuestion::builder("How urgent is this?")
@@ -196,7 +272,10 @@ fn choice_and_scale_questions_on_the_real_model() {
     let response = engine().decide(&request).unwrap();
     let route = response.choice("route").unwrap();
     assert_eq!(route.value(), "complex");
-    let sum: f64 = ["simple", "complex"].iter().map(|o| route.probability_of(o).unwrap()).sum();
+    let sum: f64 = ["simple", "complex"]
+        .iter()
+        .map(|o| route.probability_of(o).unwrap())
+        .sum();
     assert!((sum - 1.0).abs() < 1e-9);
     assert!(route.probability_of("medium").is_err());
     let urgency = response.scale("urgency").unwrap();
@@ -217,7 +296,12 @@ fn yes_when_and_no_when_compare_the_two_criteria() {
             .question("angry", q.clone())
             .build()
             .unwrap();
-        engine().decide(&request).unwrap().yes_no("angry").unwrap().probability()
+        engine()
+            .decide(&request)
+            .unwrap()
+            .yes_no("angry")
+            .unwrap()
+            .probability()
     };
     let angry = ask("This is the third time your useless product broke! I am furious!");
     let calm = ask("Thanks so much, have a lovely and friendly day!");
@@ -236,7 +320,7 @@ async fn decide_async_runs_off_the_runtime() {
         assert!(relative_close(
             response.yes_no(&name).unwrap().probability(),
             sync.yes_no(&name).unwrap().probability(),
-            1e-9
+            1e-5
         ));
     }
 }
@@ -245,7 +329,9 @@ async fn decide_async_runs_off_the_runtime() {
 fn decide_async_works_without_a_runtime_too() {
     let request = tool_request("Send Anna an email");
     let future = engine().decide_async(&request);
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     assert!(rt.block_on(future).is_ok());
 }
 
@@ -254,19 +340,45 @@ fn a_model_folder_with_a_missing_file_names_it() {
     let src = engine().info().dir.clone();
     let dir = std::env::temp_dir().join(format!("decide-missing-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
-    for f in ["config.json", "modules.json", "1_Pooling/config.json", "manifest.toml", "model.safetensors"] {
+    for f in [
+        "config.json",
+        "modules.json",
+        "1_Pooling/config.json",
+        "manifest.toml",
+        "model.safetensors",
+    ] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
-    let err = Engine::builder().model(dir.to_str().unwrap()).build().unwrap_err();
+    let err = Engine::builder()
+        .model(dir.to_str().unwrap())
+        .build()
+        .unwrap_err();
     assert!(matches!(err, EngineError::MissingFile { .. }));
-    assert_eq!(err.to_string(), format!("{}: missing tokenizer.json", dir.display()));
+    assert_eq!(
+        err.to_string(),
+        format!("{}: missing tokenizer.json", dir.display())
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn absurd_options_are_refused() {
-    let err = Engine::builder().max_batch_tokens(0).build().unwrap_err().to_string();
-    assert!(err.starts_with("max-batch-tokens: 0 is out of range"), "{err}");
-    let err = Engine::builder().max_length(100_000).build().unwrap_err().to_string();
-    assert!(err.starts_with("max-length: 100000 is out of range"), "{err}");
+    let err = Engine::builder()
+        .max_batch_tokens(0)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("max-batch-tokens: 0 is out of range"),
+        "{err}"
+    );
+    let err = Engine::builder()
+        .max_length(100_000)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("max-length: 100000 is out of range"),
+        "{err}"
+    );
 }
