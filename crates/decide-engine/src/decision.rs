@@ -140,6 +140,16 @@ fn argmax(v: &[f64]) -> usize {
 
 impl Engine {
     fn answer_request(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
+        // An engine holds one model: a request for another must fail, not be answered by this one.
+        if let Some(asked) = request.model_name() {
+            let info = self.info();
+            if asked != info.name && Some(asked) != info.hf_id.as_deref() {
+                return Err(DecisionError::UnsupportedFeature(format!(
+                    "the request asks for model '{asked}', this engine runs '{}'",
+                    info.name
+                )));
+            }
+        }
         let cal = self
             .calibration()
             .map_err(DecisionError::from_model_error)?;

@@ -137,6 +137,8 @@ pub enum ScoreKind {
 pub struct ModelInfo {
     /// The model's name.
     pub name: String,
+    /// Its Hugging Face id, when its manifest names one.
+    pub hf_id: Option<String>,
     /// Its folder.
     pub dir: PathBuf,
     /// `bert` or `roberta`.
@@ -347,14 +349,16 @@ impl Engine {
                     .position(|l| l.eq_ignore_ascii_case("entailment"))
                 {
                     Some(i) => (ScoreKind::Entailment, i),
-                    None => return Err(EngineError::Unsupported {
-                        dir,
-                        message: format!(
+                    None => {
+                        return Err(EngineError::Unsupported {
+                            dir,
+                            message: format!(
                             "a classifier with {} labels needs an 'entailment' label (labels: {})",
                             config.labels.len(),
                             config.labels.join(", ")
                         ),
-                    }),
+                        })
+                    }
                 },
             },
         };
@@ -428,6 +432,7 @@ impl Engine {
 
         let info = ModelInfo {
             name: location.name.clone(),
+            hf_id: location.manifest.as_ref().map(|m| m.hf_id.clone()),
             dir: dir.clone(),
             architecture: match config.family {
                 crate::config::Family::Bert => "bert".into(),
