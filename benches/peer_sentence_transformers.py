@@ -8,27 +8,29 @@ model's max_seq_length, so nothing is truncated), in float32 and, where this CPU
 bfloat16 (``model.to(torch.bfloat16)``). For each case: warm-up calls, then the median of
 several timed calls, their count sized from the warm-up so that the timed calls take about
 ``--budget-s`` seconds in all (default 120, shared out in proportion to batch x tokens; at
-least ``--min-reps`` = 3 calls each, so a slow or busy machine goes over: about 2.5 minutes in
-all on 2 idle cores of a recent Xeon). ``--budget-s`` scales the run.
+least ``--min-reps`` = 3 calls each, so a slow or busy machine goes over). On 2 idle cores of
+an AVX-512 Xeon the default run took 134 s plus about 10 s of start-up. ``--budget-s`` scales
+the run.
 
 Output: one JSON line per (dtype, batch, tokens) on stdout::
 
     {"peer": "sentence-transformers", "dtype": "float32", "batch": 8, "tokens": 128,
-     "median_s": 0.0123, "seqs_per_s": 650.4, "min_s": 0.0119, "reps": 9, "threads": 2}
+     "median_s": 0.117, "seqs_per_s": 68.3, "min_s": 0.108, "reps": 6, "threads": 2}
 
 (``seqs_per_s`` = batch / median_s; ``min_s``, the fastest timed call, is the figure least
 disturbed by other work on the machine) and a table on stderr. Run it on an otherwise idle
 machine: with other processes on the same cores, torch's OpenMP threads wait on each other at
-every operator and small batches come out several times (up to 20x) slower. The Rust side (benches/scoring.rs) reports the same cases.
+every operator and small batches came out up to 45x slower here. The Rust side,
+benches/scoring.rs, measures the same grid.
 
 Run (from the repository root; see crates/decide-engine/fixtures/requirements.txt for the
 environment, and models/fetch for the model)::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benches/peer_sentence_transformers.py \\
-        [models/all-MiniLM-L6-v2] [--threads 2] [--budget-s 150] > /tmp/peer_bench.jsonl
+        [models/all-MiniLM-L6-v2] [--threads 2] [--budget-s 120] > /tmp/peer_bench.jsonl
 
-Each text is made of distinct-per-row words that are single tokens in the model's vocabulary,
-so its length is exact; every row of a batch differs.
+Each text is made of random words that are one token each in the model's vocabulary, so its
+length is exact; every row of a batch is different.
 """
 
 from __future__ import annotations
