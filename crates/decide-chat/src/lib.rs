@@ -22,6 +22,9 @@
 //!   chat requests, bare tool arrays, MCP `tools/list` results and whole JSON-RPC responses) and reject anything else
 //!   with a one-line [`ParseError`] naming the JSON path, e.g. `tools[3].function.name: missing`. They never panic:
 //!   the input is whatever a user pointed the command line at.
+//! * **One tool-provider interface.** [`ToolProvider`] (LangChain4j's `ToolProvider`) is how an agent gets its tools
+//!   before an LLM call; the decision-model filter wraps one and is one, and the agent loop will ask them, so the
+//!   trait and its request and result types live here with the conversation they describe.
 //!
 //! # Example
 //!
@@ -57,6 +60,7 @@
 pub mod error;
 pub mod message;
 pub mod parse;
+pub mod provider;
 pub mod render;
 pub mod tool;
 
@@ -66,6 +70,11 @@ pub use message::{
     ToolResultMessage, UserMessage,
 };
 pub use parse::{parse_messages, parse_messages_str, parse_tools, parse_tools_str};
+pub use provider::{
+    InvocationContext, ProvidedTool, StaticToolProvider, ToolExecutionError, ToolExecutor,
+    ToolProvider, ToolProviderError, ToolProviderRequest, ToolProviderRequestBuilder,
+    ToolProviderResult,
+};
 pub use render::{
     decision_fields, decision_messages, shorten, DecisionMessage, RenderOptions, ELISION_MARKER,
 };
