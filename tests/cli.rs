@@ -81,7 +81,13 @@ fn select_on_the_shipped_example_picks_forecast_and_email() {
             .unwrap();
     let all = v["scores"].as_array().unwrap();
     assert_eq!(all.len(), catalogue["tools"].as_array().unwrap().len());
-    assert!(all
+    // The forecast tool was already called in the conversation: it passes without asking.
+    let forecast = all.iter().find(|s| s["name"] == "get_forecast").unwrap();
+    assert_eq!(forecast["reason"], "already-called");
+    assert!(forecast["probability"].is_null());
+    let asked: Vec<&serde_json::Value> = all.iter().filter(|s| s["reason"] == "asked").collect();
+    assert_eq!(asked.len(), all.len() - 1);
+    assert!(asked
         .iter()
         .all(|s| (0.0..=1.0).contains(&s["probability"].as_f64().unwrap())));
     assert!(
@@ -91,15 +97,15 @@ fn select_on_the_shipped_example_picks_forecast_and_email() {
     // The follow-up asks for an email too: the plain embedder does not pass it at 0.5 yet, but
     // ranks it above most tools.
     let p = |name: &str| {
-        all.iter().find(|s| s["name"] == name).unwrap()["probability"]
+        asked.iter().find(|s| s["name"] == name).unwrap()["probability"]
             .as_f64()
             .unwrap()
     };
-    let below = all
+    let below = asked
         .iter()
         .filter(|s| s["probability"].as_f64().unwrap() < p("send_email"))
         .count();
-    assert!(below > all.len() * 3 / 4, "send_email ranks too low: {v}");
+    assert!(below > asked.len() * 3 / 4, "send_email ranks too low: {v}");
 }
 
 #[test]
@@ -351,4 +357,52 @@ fn models_list_and_path_work_offline() {
     assert!(Path::new(stdout(&o).trim())
         .join("model.safetensors")
         .is_file());
+}
+
+#[test]
+fn filter_options_reach_the_filter() {
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--always-include",
+        "query,fetch",
+        "--json",
+        "will it rain in Paris tomorrow?",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let selected: Vec<&str> = v["selected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        selected.contains(&"query") && selected.contains(&"fetch"),
+        "{v}"
+    );
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--max-messages",
+        "0",
+        "hi",
+    ]);
+    assert_one_line_error(&o, "--max-messages");
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--fallback",
+        "maybe",
+        "hi",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("expected all-tools, no-tools or fail"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -67,6 +67,35 @@ pub enum Command {
     Models(ModelsArgs),
 }
 
+/// The tool filter's options, shared by `select`, `score` and `calibrate` so that all three
+/// see a conversation the same way.
+#[derive(Args, Debug, Clone)]
+pub struct FilterArgs {
+    /// Pass on every tool whose probability reaches this (inclusive).
+    #[arg(long, default_value_t = decide_filter::DEFAULT_MIN_PROBABILITY)]
+    pub min_probability: f64,
+    /// Keep at most this many of the most probable tools.
+    #[arg(long)]
+    pub max_results: Option<usize>,
+    /// How many of the latest messages the decision sees (system messages come on top).
+    #[arg(long, default_value_t = decide_filter::DEFAULT_MAX_MESSAGES)]
+    pub max_messages: usize,
+    /// Messages longer than this many characters are shortened (start and end kept).
+    #[arg(long, default_value_t = decide_filter::DEFAULT_MAX_MESSAGE_LENGTH)]
+    pub max_message_length: usize,
+    /// Tools passed on without asking the model (repeat or separate with commas).
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub always_include: Vec<String>,
+    /// What passes when the model fails: all-tools, no-tools or fail.
+    #[arg(long, default_value = "all-tools", value_parser = parse_fallback)]
+    pub fallback: decide_filter::Fallback,
+}
+
+fn parse_fallback(s: &str) -> Result<decide_filter::Fallback, String> {
+    s.parse()
+        .map_err(|_| format!("'{s}': expected all-tools, no-tools or fail"))
+}
+
 #[derive(Args, Debug)]
 pub struct SelectArgs {
     /// Tools: OpenAI function tools, bare {name, description, parameters}, or an MCP tools/list result.
@@ -78,12 +107,8 @@ pub struct SelectArgs {
     /// A single user message, instead of --messages.
     #[arg(value_name = "TEXT")]
     pub text: Option<String>,
-    /// Pass on every tool whose probability reaches this (inclusive).
-    #[arg(long, default_value_t = 0.5)]
-    pub min_probability: f64,
-    /// Keep at most this many of the most probable tools.
-    #[arg(long)]
-    pub max_results: Option<usize>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -97,6 +122,8 @@ pub struct ScoreArgs {
     /// A tool catalogue for lines that have no "tools".
     #[arg(long, value_name = "CATALOGUE.json")]
     pub tools: Option<PathBuf>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args, Debug)]
@@ -110,6 +137,8 @@ pub struct CalibrateArgs {
     /// Print JSON instead of a manifest snippet.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Args, Debug)]

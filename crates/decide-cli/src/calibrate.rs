@@ -9,7 +9,7 @@ use decide_engine::{candidate_text, sigmoid, Calibration};
 use crate::args::{CalibrateArgs, Global};
 use crate::input::{jsonl_lines, parse_case, read_tools};
 use crate::score::{count_cases, progress};
-use crate::select::tool_request;
+use crate::select::{build_filter, provider_request};
 
 pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     let catalogue = args.tools.as_deref().map(read_tools).transpose()?;
@@ -28,15 +28,20 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
                 args.data.display()
             );
         };
-        let request = tool_request(&case.messages, &case.tools)
-            .with_context(|| format!("{}:{line_no}", args.data.display()))?;
+        let at = || format!("{}:{line_no}", args.data.display());
+        // The input the filter would send, so the fit sees the scores decisions are made on.
+        let filter = build_filter(&engine, case.tools.clone(), &args.filter)?;
+        let request = provider_request(&case.messages).with_context(at)?;
+        let Some(input) = filter.decision_input(&request) else {
+            bail!("{}: the user message has no text", at());
+        };
         let docs: Vec<String> = case
             .tools
             .iter()
             .map(|t| candidate_text(&t.name, t.description.as_deref().unwrap_or("")))
             .collect();
         let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
-        let raw = engine.score_input(request.input(), &refs)?.raw;
+        let raw = engine.score_input(&input, &refs)?.raw;
         for (tool, s) in case.tools.iter().zip(raw) {
             scores.push(s);
             labels.push(expected.contains(&tool.name));

@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 
 use crate::args::{Global, ScoreArgs};
 use crate::input::{jsonl_lines, parse_case, read_tools};
-use crate::select::score_tools;
+use crate::select::{build_filter, select};
 
 /// A progress bar on stderr when it is a terminal, hidden otherwise.
 pub fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
@@ -59,8 +59,9 @@ pub fn run(global: &Global, args: ScoreArgs) -> anyhow::Result<()> {
             );
         }
         let started = Instant::now();
-        let scores = score_tools(&engine, &case.messages, &case.tools)
-            .with_context(|| format!("{}:{line_no}", args.data.display()))?;
+        let at = || format!("{}:{line_no}", args.data.display());
+        let filter = build_filter(&engine, case.tools, &args.filter)?;
+        let (_, scores) = select(&filter, &case.messages).with_context(at)?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         let line = serde_json::json!({ "id": case.id, "scores": scores, "ms": (ms * 1000.0).round() / 1000.0 });
         // Streamed: each line is written as soon as its case is scored.

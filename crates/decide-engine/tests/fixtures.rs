@@ -179,6 +179,8 @@ fn minilm_embeddings_match_sentence_transformers() {
 
 #[test]
 fn legacy_pytorch_weights_load_when_there_is_no_safetensors() {
-    assert!(!fixtures().join("tiny-bert-1-pth/model.safetensors").exists());
+    assert!(!fixtures()
+        .join("tiny-bert-1-pth/model.safetensors")
+        .exists());
     check_classifier("tiny-bert-1-pth");
 }
