@@ -406,3 +406,141 @@ fn filter_options_reach_the_filter() {
         stderr(&o)
     );
 }
+
+/// `decide route --json` on the shipped routes: the chosen route and every route's probability.
+fn route_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["route", "--routes", "examples/routes.json", "--json"];
+    all.extend_from_slice(args);
+    let o = decide(&all);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 1, "one JSON object");
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
+#[test]
+fn route_sends_a_code_request_to_the_code_route() {
+    let v = route_json(&["Write a Python function that reverses a string"]);
+    assert_eq!(v["route"], "code", "{v}");
+    let probabilities = v["probabilities"].as_object().unwrap();
+    let names: Vec<&str> = probabilities.keys().map(String::as_str).collect();
+    assert_eq!(names, ["simple", "code", "images"], "in the file's order");
+    let sum: f64 = probabilities.values().map(|p| p.as_f64().unwrap()).sum();
+    assert!((sum - 1.0).abs() < 1e-6, "{v}");
+    let best = probabilities
+        .iter()
+        .max_by(|a, b| a.1.as_f64().unwrap().total_cmp(&b.1.as_f64().unwrap()))
+        .unwrap();
+    assert_eq!(best.0, "code");
+}
+
+#[test]
+fn route_prints_a_table_for_people() {
+    let o = decide(&[
+        "route",
+        "--routes",
+        "examples/routes.json",
+        "Good morning, how are you?",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("route: simple ("), "{out}");
+    let rows: Vec<&str> = out.lines().skip(2).collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    assert!(rows[0].starts_with("* simple"), "{out}");
+    assert!(rows[1..].iter().all(|r| r.starts_with("  ")), "{out}");
+}
+
+#[test]
+fn route_reads_conversations_with_follow_ups_and_images() {
+    let t = TempDir::new("route-conversations");
+    let follow_up = t.file(
+        "follow-up.json",
+        r#"[
+            {"role": "user", "content": "Can you write a bash script that backs up my home folder every night?"},
+            {"role": "assistant", "content": "Sure. I can write a script that uses rsync, plus a cron entry to run it at 2 am. Should it also delete backups older than 30 days?"},
+            {"role": "user", "content": "yes, go ahead"}
+        ]"#,
+    );
+    assert_eq!(route_json(&["--messages", &follow_up])["route"], "code");
+    let image = t.file(
+        "image.json",
+        r#"[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        ]}]"#,
+    );
+    assert_eq!(route_json(&["--messages", &image])["route"], "images");
+}
+
+#[test]
+fn route_takes_the_default_route_without_a_user_message_or_below_the_minimum() {
+    let t = TempDir::new("route-default");
+    let system_only = t.file(
+        "conversation.json",
+        r#"[{"role": "system", "content": "You are helpful."}]"#,
+    );
+    let v = route_json(&["--messages", &system_only]);
+    assert_eq!(
+        v,
+        serde_json::json!({"route": "simple", "probabilities": {}})
+    );
+    // No route of three reaches probability 1: the default route, with the probabilities still reported.
+    let v = route_json(&[
+        "--min-probability",
+        "1",
+        "Write a Python function that reverses a string",
+    ]);
+    assert_eq!(v["route"], "simple", "{v}");
+    assert_eq!(v["probabilities"].as_object().unwrap().len(), 3);
+}
+
+#[test]
+fn bad_routes_files_are_named_with_the_field() {
+    let t = TempDir::new("route-bad");
+    let text = "hello";
+    let cases = [
+        (
+            r#"{"default": "a", "routes": [{"name": "a"}, {"name": "b"}, {"description": "x"}]}"#,
+            "routes.json: routes[2].name: missing",
+        ),
+        (
+            r#"{"default": "a", "routes": [{"name": "a"}, {"name": "a"}]}"#,
+            "routes.json: routes[1].name: duplicate route name \"a\"",
+        ),
+        (
+            r#"{"default": "z", "routes": [{"name": "a"}, {"name": "b"}]}"#,
+            "routes.json: default: \"z\" is not one of the routes a, b",
+        ),
+        (
+            r#"{"default": "a", "routes": [{"name": "a", "descriptions": ["x", "y"]}, {"name": "a#1"}]}"#,
+            "give the option 'a#1' twice",
+        ),
+        (
+            r#"{"default": "a", "routes": [{"name": "a", "descripton": "x"}]}"#,
+            "routes[0].descripton: unknown field",
+        ),
+        (r#"{"default": "a", "routes": [}"#, "routes.json:1:"),
+    ];
+    for (contents, needle) in cases {
+        let routes = t.file("routes.json", contents);
+        assert_one_line_error(&decide(&["route", "--routes", &routes, text]), needle);
+    }
+    assert_one_line_error(
+        &decide(&["route", "--routes", "no/such/routes.json", text]),
+        "no/such/routes.json",
+    );
+    assert_one_line_error(
+        &decide(&[
+            "route",
+            "--routes",
+            "examples/routes.json",
+            "--min-probability",
+            "2",
+            text,
+        ]),
+        "--min-probability: must be between 0 and 1",
+    );
+    assert_one_line_error(
+        &decide(&["route", "--routes", "examples/routes.json", " "]),
+        "TEXT: empty message",
+    );
+}

@@ -25,6 +25,10 @@
 //! * **One tool-provider interface.** [`ToolProvider`] (LangChain4j's `ToolProvider`) is how an agent gets its tools
 //!   before an LLM call; the decision-model filter wraps one and is one, and the agent loop will ask them, so the
 //!   trait and its request and result types live here with the conversation they describe.
+//! * **One chat-model interface.** [`ChatModel`] (LangChain4j's `ChatModel`) is what the model router decorates and
+//!   the agent loop calls: a [`ChatRequest`] (messages, tools, [`ResponseFormat`], common parameters), a
+//!   [`ChatResponse`] with free-form attributes, and the [`Capabilities`] a router checks before choosing a model.
+//!   [`MockChatModel`] is its test double, public so that other crates' tests can use it.
 //!
 //! # Example
 //!
@@ -57,6 +61,7 @@
 
 #![deny(missing_docs)]
 
+pub mod chat_model;
 pub mod error;
 pub mod message;
 pub mod parse;
@@ -64,6 +69,10 @@ pub mod provider;
 pub mod render;
 pub mod tool;
 
+pub use chat_model::{
+    Capabilities, ChatFuture, ChatModel, ChatModelError, ChatRequest, ChatRequestBuilder,
+    ChatResponse, ChatTokenUsage, MockChatModel, ResponseFormat,
+};
 pub use error::ParseError;
 pub use message::{
     to_openai_json, AssistantMessage, ChatMessage, Content, FileRef, SystemMessage, ToolCall,

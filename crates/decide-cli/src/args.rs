@@ -63,6 +63,8 @@ pub enum Command {
     Score(ScoreArgs),
     /// Fit the model's calibration (raw score to probability) on labelled cases.
     Calibrate(CalibrateArgs),
+    /// Choose the route (the chat model) a conversation should go to.
+    Route(RouteArgs),
     /// List, locate and download models.
     Models(ModelsArgs),
 }
@@ -109,6 +111,28 @@ pub struct SelectArgs {
     pub text: Option<String>,
     #[command(flatten)]
     pub filter: FilterArgs,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RouteArgs {
+    /// Routes: {"default": NAME, "routes": [{"name", "description"?, "descriptions"?}]}.
+    #[arg(long, value_name = "ROUTES.json")]
+    pub routes: PathBuf,
+    /// The conversation, in the OpenAI chat format.
+    #[arg(long, value_name = "CONVERSATION.json", conflicts_with = "text")]
+    pub messages: Option<PathBuf>,
+    /// A single user message, instead of --messages.
+    #[arg(value_name = "TEXT")]
+    pub text: Option<String>,
+    /// How many of the latest messages, up to and including the last user message, the decision sees.
+    #[arg(long, default_value_t = decide_router::DEFAULT_MAX_MESSAGES)]
+    pub max_messages: usize,
+    /// Take the default route when the best route's probability is below this.
+    #[arg(long)]
+    pub min_probability: Option<f64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,

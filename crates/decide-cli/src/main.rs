@@ -1,9 +1,11 @@
-//! `decide`: select the tools a conversation needs, score data sets and manage models, offline.
+//! `decide`: select the tools a conversation needs, choose the model that should answer it, score data sets and
+//! manage models, offline.
 
 mod args;
 mod calibrate;
 mod input;
 mod models;
+mod route;
 mod score;
 mod select;
 
@@ -48,6 +50,7 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
         args::Command::Select(a) => select::run(&cli.global, a),
         args::Command::Score(a) => score::run(&cli.global, a),
         args::Command::Calibrate(a) => calibrate::run(&cli.global, a),
+        args::Command::Route(a) => route::run(&cli.global, a),
         args::Command::Models(a) => models::run(&cli.global, a),
     }
 }
