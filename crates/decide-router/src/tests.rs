@@ -689,10 +689,11 @@ fn a_single_candidate_is_chosen_without_asking() {
     assert!(error.to_string().contains("no route"), "{error}");
 }
 
+/// The names of the routes a router was offered, call by call.
+type Offered = Arc<Mutex<Vec<Vec<String>>>>;
+
 /// A router that records the names of the routes it is offered and picks the one given.
-fn recording_router(
-    pick: ChatModelRoutingResult,
-) -> (Arc<dyn ChatModelRouter>, Arc<Mutex<Vec<Vec<String>>>>) {
+fn recording_router(pick: ChatModelRoutingResult) -> (Arc<dyn ChatModelRouter>, Offered) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
     let router = closure_router(move |request| {
