@@ -544,3 +544,149 @@ fn bad_routes_files_are_named_with_the_field() {
         "TEXT: empty message",
     );
 }
+
+/// Four labelled cases over the shipped catalogue: two with one tool, one with two, one with none.
+const EVAL_CASES: &str = concat!(
+    r#"{"id":"snow","messages":[{"role":"user","content":"will it snow in Oslo tomorrow?"}],"expected":["get_forecast"]}"#,
+    "\n",
+    r#"{"id":"mail","messages":[{"role":"user","content":"email the forecast for Paris to Anna"}],"expected":["get_forecast","send_email"]}"#,
+    "\n",
+    "\n",
+    r#"{"id":"thanks","messages":[{"role":"user","content":"thanks, that's all!"}],"expected":[]}"#,
+    "\n",
+    r#"{"id":"time","messages":[{"role":"user","content":"what time is it in Tokyo right now?"}],"expected":["get_current_time"]}"#,
+    "\n",
+);
+
+#[test]
+fn eval_reports_every_metric_in_range() {
+    let t = TempDir::new("eval");
+    let data = t.file("cases.jsonl", EVAL_CASES);
+    let args = [
+        "eval",
+        "--data",
+        &data,
+        "--tools",
+        "examples/tools-openai.json",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let o = decide(&json_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 1, "{}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["cases"], 4, "{v}");
+    assert_eq!(v["single_tool_cases"], 2, "{v}");
+    assert_eq!(v["tool_cases"], 3, "{v}");
+    assert_eq!(v["no_tool_cases"], 1, "{v}");
+    // Every tool of every case is asked about: 4 cases × 5 tools.
+    assert_eq!(v["pairs"], 20, "{v}");
+    assert_eq!(v["threshold"], 0.5, "{v}");
+    assert_eq!(v["model"], "all-MiniLM-L6-v2", "{v}");
+    for key in [
+        "top1_accuracy",
+        "recall_at_1",
+        "recall_at_3",
+        "recall_at_5",
+        "recall_at_10",
+        "mrr",
+        "recall",
+        "no_tool_none_selected",
+        "ece",
+    ] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key}: {v}"));
+        assert!((0.0..=1.0).contains(&x), "{key} = {x}");
+    }
+    // Nothing selected anywhere would leave precision undefined (null), never NaN.
+    assert!(
+        v["precision"].is_null() || (0.0..=1.0).contains(&v["precision"].as_f64().unwrap()),
+        "{v}"
+    );
+    // With five tools every catalogue fits in the top 5, so recall@5 and @10 are 1.
+    assert_eq!(v["recall_at_5"], 1.0, "{v}");
+    assert_eq!(v["recall_at_10"], 1.0, "{v}");
+    let (p50, p95) = (
+        v["latency_p50_ms"].as_f64().unwrap(),
+        v["latency_p95_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p50 <= p95, "{v}");
+    assert!(v["pairs_per_second"].as_f64().unwrap() > 0.0, "{v}");
+
+    // The same report as a table for people.
+    let o = decide(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(table.starts_with("4 cases from "), "{table}");
+    for row in [
+        "top-1 accuracy",
+        "recall@10",
+        "MRR",
+        "precision at 0.5",
+        "no-tool cases, nothing selected",
+        "calibration error",
+        "latency p95",
+        "pairs per second",
+    ] {
+        assert!(table.contains(row), "{row} missing in {table}");
+    }
+}
+
+#[test]
+fn eval_needs_labels_and_refuses_bad_input() {
+    let t = TempDir::new("eval-bad");
+    let eval = |data: &str| {
+        decide(&[
+            "eval",
+            "--data",
+            data,
+            "--tools",
+            "examples/tools-openai.json",
+        ])
+    };
+    let first = EVAL_CASES.lines().next().unwrap();
+    let unlabelled = t.file(
+        "unlabelled.jsonl",
+        format!(
+            "{first}\n{}\n",
+            r#"{"id":"b","messages":[{"role":"user","content":"hi"}]}"#
+        ),
+    );
+    assert_one_line_error(&eval(&unlabelled), "unlabelled.jsonl:2: expected: missing");
+    let twice = t.file(
+        "twice.jsonl",
+        r#"{"id":"a","messages":[{"role":"user","content":"snow?"}],"expected":["get_forecast","get_forecast"]}"#,
+    );
+    assert_one_line_error(
+        &eval(&twice),
+        "twice.jsonl:1: expected tool \"get_forecast\" is named twice",
+    );
+    let duplicate = t.file("duplicate.jsonl", format!("{first}\n{first}\n"));
+    assert_one_line_error(&eval(&duplicate), "duplicate.jsonl:2: id: duplicate id");
+    let empty = t.file("empty.jsonl", "\n\n");
+    assert_one_line_error(&eval(&empty), "empty.jsonl: no cases");
+    let good = t.file("good.jsonl", EVAL_CASES);
+    assert_one_line_error(
+        &decide(&[
+            "eval",
+            "--data",
+            &good,
+            "--tools",
+            "examples/tools-openai.json",
+            "--max-results",
+            "2",
+        ]),
+        "--max-results",
+    );
+    assert_one_line_error(
+        &decide(&[
+            "eval",
+            "--data",
+            &good,
+            "--tools",
+            "examples/tools-openai.json",
+            "--min-probability",
+            "1.5",
+        ]),
+        "--min-probability",
+    );
+}

@@ -63,14 +63,17 @@ pub enum Command {
     Score(ScoreArgs),
     /// Fit the model's calibration (raw score to probability) on labelled cases.
     Calibrate(CalibrateArgs),
+    /// Measure the quality of the tool selection on labelled cases: accuracy, recall@k, MRR, precision and
+    /// recall at --min-probability, calibration error, latency.
+    Eval(EvalArgs),
     /// Choose the route (the chat model) a conversation should go to.
     Route(RouteArgs),
     /// List, locate and download models.
     Models(ModelsArgs),
 }
 
-/// The tool filter's options, shared by `select`, `score` and `calibrate` so that all three
-/// see a conversation the same way.
+/// The tool filter's options, shared by `select`, `score`, `calibrate` and `eval` so that all
+/// of them see a conversation the same way.
 #[derive(Args, Debug, Clone)]
 pub struct FilterArgs {
     /// Pass on every tool whose probability reaches this (inclusive).
@@ -159,6 +162,21 @@ pub struct CalibrateArgs {
     #[arg(long, value_name = "CATALOGUE.json")]
     pub tools: Option<PathBuf>,
     /// Print JSON instead of a manifest snippet.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Labelled cases, as for `decide score`, each with "expected" ([] for a case that needs no tool).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub data: PathBuf,
+    /// A tool catalogue for lines that have no "tools".
+    #[arg(long, value_name = "CATALOGUE.json")]
+    pub tools: Option<PathBuf>,
+    /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

@@ -3,6 +3,7 @@
 
 mod args;
 mod calibrate;
+mod eval;
 mod input;
 mod models;
 mod route;
@@ -50,6 +51,7 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
         args::Command::Select(a) => select::run(&cli.global, a),
         args::Command::Score(a) => score::run(&cli.global, a),
         args::Command::Calibrate(a) => calibrate::run(&cli.global, a),
+        args::Command::Eval(a) => eval::run(&cli.global, a),
         args::Command::Route(a) => route::run(&cli.global, a),
         args::Command::Models(a) => models::run(&cli.global, a),
     }

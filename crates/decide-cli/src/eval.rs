@@ -1,0 +1,144 @@
+//! `decide eval`: how good the tool selection is on labelled cases, as a table or one JSON object.
+//!
+//! Every case goes through the same filter as `decide select` and `decide score`; the metrics themselves live in
+//! `decide-eval`, where they are tested on hand-computed numbers.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use decide_eval::{evaluate, Candidate, Report, ScoredCase};
+
+use crate::args::{EvalArgs, Global};
+use crate::input::{jsonl_lines, parse_case, read_tools};
+use crate::score::{count_cases, progress};
+use crate::select::{build_filter, select};
+
+pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
+    // The selected set is measured at the threshold alone; recall@k already says what keeping only the k most
+    // probable tools would find, so a cut by --max-results would only blur precision and recall.
+    if args.filter.max_results.is_some() {
+        bail!("--max-results: not used by eval, which measures the selection at --min-probability (see recall@k for the top k)");
+    }
+    let catalogue = args.tools.as_deref().map(read_tools).transpose()?;
+    let total = count_cases(&args.data)?;
+    if total == 0 {
+        bail!("{}: no cases", args.data.display());
+    }
+    let engine = global.engine(false)?;
+    let bar = progress(total, "evaluating");
+    let mut ids = HashSet::new();
+    let mut cases = Vec::new();
+    for line in jsonl_lines(&args.data)? {
+        let (line_no, text) = line?;
+        let at = || format!("{}:{line_no}", args.data.display());
+        let case = parse_case(&args.data, line_no, &text, catalogue.as_deref())?;
+        let Some(expected) = case.expected else {
+            bail!(
+                "{}: expected: missing (evaluation needs labels; [] for a case that needs no tool)",
+                at()
+            );
+        };
+        if !ids.insert(case.id.to_string()) {
+            bail!("{}: id: duplicate id {}", at(), case.id);
+        }
+        let started = Instant::now();
+        let filter = build_filter(&engine, case.tools, &args.filter)?;
+        let (selection, scores) = select(&filter, &case.messages).with_context(at)?;
+        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        // A fallback passes tools without probabilities: measuring it would score the fallback, not the model.
+        if let Some(f) = &selection.fallback {
+            bail!("{}: the decision model failed: {}", at(), f.reason);
+        }
+        let mut candidates = Vec::with_capacity(scores.len());
+        let mut pairs = 0;
+        for s in &scores {
+            let probability = match (s.probability, s.reason.is_without_asking()) {
+                (Some(p), _) => {
+                    pairs += 1;
+                    p
+                }
+                // Passed without asking: certain, as far as the selection goes.
+                (None, true) => 1.0,
+                (None, false) => bail!("{}: tool \"{}\": no probability", at(), s.name),
+            };
+            candidates.push(Candidate::new(s.name.clone(), probability));
+        }
+        let scored = ScoredCase::new(expected, candidates, latency_ms, pairs);
+        // Checked here, where the line number is known, rather than by `evaluate` at the end.
+        scored
+            .check()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        cases.push(scored);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let report = evaluate(&cases, args.filter.min_probability)
+        .with_context(|| args.data.display().to_string())?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut json = serde_json::to_value(&report)?;
+        if let Some(map) = json.as_object_mut() {
+            map.insert("model".into(), engine.info().name.clone().into());
+        }
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{} cases from {} ({} with one tool, {} with any, {} with none), {} pairs, {} on {}",
+        report.cases,
+        args.data.display(),
+        report.single_tool_cases,
+        report.tool_cases,
+        report.no_tool_cases,
+        report.pairs,
+        engine.info().name,
+        engine.info().device
+    )?;
+    for (metric, value) in table(&report) {
+        writeln!(out, "  {metric:<40}{value:>10}")?;
+    }
+    Ok(())
+}
+
+/// The report as (metric, value) rows; a metric with nothing to average over reads "n/a".
+fn table(r: &Report) -> Vec<(String, String)> {
+    let ratio = |v: Option<f64>| v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}"));
+    let t = r.threshold;
+    vec![
+        (
+            "top-1 accuracy (single-tool cases)".into(),
+            ratio(r.top1_accuracy),
+        ),
+        ("recall@1".into(), ratio(r.recall_at_1)),
+        ("recall@3".into(), ratio(r.recall_at_3)),
+        ("recall@5".into(), ratio(r.recall_at_5)),
+        ("recall@10".into(), ratio(r.recall_at_10)),
+        ("MRR".into(), ratio(r.mrr)),
+        (format!("precision at {t}"), ratio(r.precision)),
+        (format!("recall at {t}"), ratio(r.recall)),
+        (
+            format!("no-tool cases, nothing selected at {t}"),
+            ratio(r.no_tool_none_selected),
+        ),
+        (
+            "calibration error (ECE, 10 bins)".into(),
+            format!("{:.3}", r.ece),
+        ),
+        (
+            "latency p50 (ms)".into(),
+            format!("{:.1}", r.latency_p50_ms),
+        ),
+        (
+            "latency p95 (ms)".into(),
+            format!("{:.1}", r.latency_p95_ms),
+        ),
+        (
+            "pairs per second".into(),
+            r.pairs_per_second
+                .map_or_else(|| "n/a".to_string(), |v| format!("{v:.1}")),
+        ),
+    ]
+}
