@@ -690,3 +690,42 @@ fn eval_needs_labels_and_refuses_bad_input() {
         "--min-probability",
     );
 }
+
+#[test]
+fn calibrate_fits_on_labelled_cases_and_refuses_duplicates() {
+    let t = TempDir::new("calibrate");
+    let a = r#"{"id":"a","messages":[{"role":"user","content":"will it snow in Oslo?"}],"expected":["get_forecast"]}"#;
+    let b = r#"{"id":"b","messages":[{"role":"user","content":"mail the notes to Bob"}],"expected":["send_email"]}"#;
+    let data = t.file("cases.jsonl", format!("{a}\n{b}\n"));
+    let o = decide(&[
+        "calibrate",
+        "--data",
+        &data,
+        "--tools",
+        "examples/tools-openai.json",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["pairs"], 10);
+    assert_eq!(v["positives"], 2);
+    assert!(v["a"].as_f64().unwrap() > 0.0, "{v}");
+    let dup = t.file("dup.jsonl", format!("{a}\n{a}\n"));
+    let o = decide(&[
+        "calibrate",
+        "--data",
+        &dup,
+        "--tools",
+        "examples/tools-openai.json",
+    ]);
+    assert_one_line_error(&o, "dup.jsonl:2: id: duplicate id");
+    let empty = t.file("empty.jsonl", "\n");
+    let o = decide(&[
+        "calibrate",
+        "--data",
+        &empty,
+        "--tools",
+        "examples/tools-openai.json",
+    ]);
+    assert_one_line_error(&o, "empty.jsonl: no cases");
+}

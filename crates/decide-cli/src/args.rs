@@ -143,24 +143,28 @@ pub struct RouteArgs {
 
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
-    /// Cases, one JSON object a line: {"id", "messages", "tools", "expected"?}.
-    #[arg(long, value_name = "FILE.jsonl")]
-    pub data: PathBuf,
-    /// A tool catalogue for lines that have no "tools".
-    #[arg(long, value_name = "CATALOGUE.json")]
-    pub tools: Option<PathBuf>,
+    #[command(flatten)]
+    pub cases: CasesArgs,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
 
-#[derive(Args, Debug)]
-pub struct CalibrateArgs {
-    /// Labelled cases, as for `decide score`, each with "expected".
+/// A file of cases, shared by `score`, `calibrate` and `eval`.
+#[derive(Args, Debug, Clone)]
+pub struct CasesArgs {
+    /// Cases, one JSON object a line: {"id", "messages", "tools"?, "expected"?} ("expected": []
+    /// for a case that needs no tool; `calibrate` and `eval` need it on every line).
     #[arg(long, value_name = "FILE.jsonl")]
     pub data: PathBuf,
     /// A tool catalogue for lines that have no "tools".
     #[arg(long, value_name = "CATALOGUE.json")]
     pub tools: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct CalibrateArgs {
+    #[command(flatten)]
+    pub cases: CasesArgs,
     /// Print JSON instead of a manifest snippet.
     #[arg(long)]
     pub json: bool,
@@ -170,12 +174,8 @@ pub struct CalibrateArgs {
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
-    /// Labelled cases, as for `decide score`, each with "expected" ([] for a case that needs no tool).
-    #[arg(long, value_name = "FILE.jsonl")]
-    pub data: PathBuf,
-    /// A tool catalogue for lines that have no "tools".
-    #[arg(long, value_name = "CATALOGUE.json")]
-    pub tools: Option<PathBuf>,
+    #[command(flatten)]
+    pub cases: CasesArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,

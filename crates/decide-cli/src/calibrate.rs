@@ -4,44 +4,37 @@
 use std::io::Write;
 
 use anyhow::{bail, Context};
-use decide_engine::{candidate_text, sigmoid, Calibration};
+use decide_chat::ToolSpecification;
+use decide_engine::{sigmoid, Calibration};
 
 use crate::args::{CalibrateArgs, Global};
-use crate::input::{jsonl_lines, parse_case, read_tools};
-use crate::score::{count_cases, progress};
+use crate::input::Cases;
+use crate::score::progress;
 use crate::select::{build_filter, provider_request};
 
 pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
-    let catalogue = args.tools.as_deref().map(read_tools).transpose()?;
-    let total = count_cases(&args.data)?;
+    let reader = Cases::open(&args.cases)?;
     let engine = global.engine(true)?;
-    let bar = progress(total, "scoring");
+    let bar = progress(reader.total, "scoring");
     let mut scores = Vec::new();
     let mut labels = Vec::new();
     let mut cases = 0;
-    for line in jsonl_lines(&args.data)? {
-        let (line_no, text) = line?;
-        let case = parse_case(&args.data, line_no, &text, catalogue.as_deref())?;
+    for next in reader {
+        let (at, case) = next?;
         let Some(expected) = case.expected else {
-            bail!(
-                "{}:{line_no}: expected: missing (calibration needs labels)",
-                args.data.display()
-            );
+            bail!("{at}: expected: missing (calibration needs labels)");
         };
-        let at = || format!("{}:{line_no}", args.data.display());
-        // The input the filter would send, so the fit sees the scores decisions are made on.
+        // The requests the filter would send, so the fit sees the scores decisions are made on.
         let filter = build_filter(&engine, case.tools.clone(), &args.filter)?;
-        let request = provider_request(&case.messages).with_context(at)?;
+        let request = provider_request(&case.messages).with_context(|| at.clone())?;
         let Some(input) = filter.decision_input(&request) else {
-            bail!("{}: the user message has no text", at());
+            bail!("{at}: the user message has no text");
         };
-        let docs: Vec<String> = case
-            .tools
-            .iter()
-            .map(|t| candidate_text(&t.name, t.description.as_deref().unwrap_or("")))
-            .collect();
-        let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
-        let raw = engine.score_input(&input, &refs)?.raw;
+        let tools: Vec<&ToolSpecification> = case.tools.iter().collect();
+        let mut raw = Vec::with_capacity(tools.len());
+        for decision in filter.decision_requests(&input, &tools)? {
+            raw.extend(engine.yes_no_scores(&decision)?.into_iter().map(|(_, s)| s));
+        }
         for (tool, s) in case.tools.iter().zip(raw) {
             scores.push(s);
             labels.push(expected.contains(&tool.name));
@@ -53,7 +46,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     let Some(fit) = Calibration::fit(&scores, &labels) else {
         bail!(
             "{}: calibration needs both needed and unneeded tools",
-            args.data.display()
+            args.cases.data.display()
         );
     };
     let positives = labels.iter().filter(|l| **l).count();
@@ -82,7 +75,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
             out,
             "# {} on {}: {cases} cases, {} pairs ({positives} needed), log loss {log_loss:.4}",
             engine.info().name,
-            args.data.display(),
+            args.cases.data.display(),
             scores.len()
         )?;
         writeln!(out, "[calibration]\na = {:.4}\nb = {:.4}", fit.a, fit.b)?;

@@ -3,7 +3,6 @@
 //! Every case goes through the same filter as `decide select` and `decide score`; the metrics themselves live in
 //! `decide-eval`, where they are tested on hand-computed numbers.
 
-use std::collections::HashSet;
 use std::io::Write;
 use std::time::Instant;
 
@@ -11,8 +10,8 @@ use anyhow::{bail, Context};
 use decide_eval::{evaluate, Candidate, Report, ScoredCase};
 
 use crate::args::{EvalArgs, Global};
-use crate::input::{jsonl_lines, parse_case, read_tools};
-use crate::score::{count_cases, progress};
+use crate::input::Cases;
+use crate::score::progress;
 use crate::select::{build_filter, select};
 
 pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
@@ -21,28 +20,19 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     if args.filter.max_results.is_some() {
         bail!("--max-results: not used by eval, which measures the selection at --min-probability (see recall@k for the top k)");
     }
-    let catalogue = args.tools.as_deref().map(read_tools).transpose()?;
-    let total = count_cases(&args.data)?;
-    if total == 0 {
-        bail!("{}: no cases", args.data.display());
-    }
+    let reader = Cases::open(&args.cases)?;
     let engine = global.engine(false)?;
-    let bar = progress(total, "evaluating");
-    let mut ids = HashSet::new();
+    let bar = progress(reader.total, "evaluating");
     let mut cases = Vec::new();
-    for line in jsonl_lines(&args.data)? {
-        let (line_no, text) = line?;
-        let at = || format!("{}:{line_no}", args.data.display());
-        let case = parse_case(&args.data, line_no, &text, catalogue.as_deref())?;
+    for next in reader {
+        let (at, case) = next?;
+        let at = || at.clone();
         let Some(expected) = case.expected else {
             bail!(
                 "{}: expected: missing (evaluation needs labels; [] for a case that needs no tool)",
                 at()
             );
         };
-        if !ids.insert(case.id.to_string()) {
-            bail!("{}: id: duplicate id {}", at(), case.id);
-        }
         let started = Instant::now();
         let filter = build_filter(&engine, case.tools, &args.filter)?;
         let (selection, scores) = select(&filter, &case.messages).with_context(at)?;
@@ -75,7 +65,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     let report = evaluate(&cases, args.filter.min_probability)
-        .with_context(|| args.data.display().to_string())?;
+        .with_context(|| args.cases.data.display().to_string())?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut json = serde_json::to_value(&report)?;
@@ -89,7 +79,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         out,
         "{} cases from {} ({} with one tool, {} with any, {} with none), {} pairs, {} on {}",
         report.cases,
-        args.data.display(),
+        args.cases.data.display(),
         report.single_tool_cases,
         report.tool_cases,
         report.no_tool_cases,

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use decide_chat::{parse_messages, parse_tools, ChatMessage, ToolSpecification};
+use decide_chat::{parse_messages, parse_tools, ChatMessage, ParseError, ToolSpecification};
 use serde_json::Value;
 
 /// Reads a file as UTF-8 text.
@@ -18,24 +18,29 @@ pub fn read_text(path: &Path) -> anyhow::Result<String> {
     })
 }
 
+/// serde_json's error as `(line, column, message)`, the message without the position that
+/// serde_json appends (decide-chat's `ParseError` already strips it; one place does that).
+fn syntax_error(e: serde_json::Error) -> (usize, usize, String) {
+    match ParseError::from(e) {
+        ParseError::Syntax {
+            line,
+            column,
+            message,
+        } => (line, column, message),
+        other => (0, 0, other.to_string()),
+    }
+}
+
 /// Parses a JSON file; a syntax error names the line and column.
 pub fn read_json(path: &Path) -> anyhow::Result<Value> {
     let text = read_text(path)?;
     serde_json::from_str(&text).map_err(|e| {
+        let (line, column, message) = syntax_error(e);
         anyhow::anyhow!(
-            "{}:{}:{}: invalid JSON: {}",
-            path.display(),
-            e.line(),
-            e.column(),
-            strip_position(&e)
+            "{}:{line}:{column}: invalid JSON: {message}",
+            path.display()
         )
     })
-}
-
-fn strip_position(e: &serde_json::Error) -> String {
-    let full = e.to_string();
-    let suffix = format!(" at line {} column {}", e.line(), e.column());
-    full.strip_suffix(&suffix).unwrap_or(&full).to_string()
 }
 
 /// Reads a tool list in any of the shapes users have.
@@ -75,12 +80,8 @@ pub fn parse_case(
 ) -> anyhow::Result<Case> {
     let at = || format!("{}:{line_no}", path.display());
     let value: Value = serde_json::from_str(line).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: invalid JSON at column {}: {}",
-            at(),
-            e.column(),
-            strip_position(&e)
-        )
+        let (_, column, message) = syntax_error(e);
+        anyhow::anyhow!("{}: invalid JSON at column {column}: {message}", at())
     })?;
     let Value::Object(mut obj) = value else {
         bail!("{}: expected a JSON object", at());
@@ -157,4 +158,67 @@ pub fn jsonl_lines(
                 ))),
             }
         }))
+}
+
+/// The cases of a `decide score` file, read as every command that takes one reads them.
+pub struct Cases {
+    /// How many cases the file holds (non-blank lines), for a progress bar.
+    pub total: u64,
+    path: std::path::PathBuf,
+    catalogue: Option<Vec<ToolSpecification>>,
+    ids: std::collections::HashSet<String>,
+    lines: Box<dyn Iterator<Item = anyhow::Result<(usize, String)>>>,
+}
+
+impl Cases {
+    /// The file and its catalogue; an empty file, a bad catalogue or an unreadable file is an
+    /// error before any model is loaded.
+    pub fn open(args: &crate::args::CasesArgs) -> anyhow::Result<Self> {
+        let catalogue = args.tools.as_deref().map(read_tools).transpose()?;
+        let mut total = 0;
+        for line in jsonl_lines(&args.data)? {
+            line?;
+            total += 1;
+        }
+        if total == 0 {
+            bail!("{}: no cases", args.data.display());
+        }
+        Ok(Self {
+            total,
+            path: args.data.clone(),
+            catalogue,
+            ids: std::collections::HashSet::new(),
+            lines: Box::new(jsonl_lines(&args.data)?),
+        })
+    }
+
+    fn at(&self, line_no: usize) -> String {
+        format!("{}:{line_no}", self.path.display())
+    }
+}
+
+impl Iterator for Cases {
+    /// Where the case is (`file:line`, for errors about it) and the case; a duplicate id is an
+    /// error naming the line.
+    type Item = anyhow::Result<(String, Case)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (line_no, text) = match self.lines.next()? {
+            Ok(line) => line,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(
+            parse_case(&self.path, line_no, &text, self.catalogue.as_deref()).and_then(|case| {
+                if self.ids.insert(case.id.to_string()) {
+                    Ok((self.at(line_no), case))
+                } else {
+                    Err(anyhow::anyhow!(
+                        "{}: id: duplicate id {}",
+                        self.at(line_no),
+                        case.id
+                    ))
+                }
+            }),
+        )
+    }
 }

@@ -139,6 +139,44 @@ fn argmax(v: &[f64]) -> usize {
 }
 
 impl Engine {
+    /// Every question's documents, scored in one batched call.
+    fn score_plans(
+        &self,
+        request: &DecisionRequest,
+    ) -> Result<(Vec<Plan>, crate::engine::Scores), DecisionError> {
+        let (docs, plans) = plan(request);
+        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
+        let scores = self
+            .score_input(request.input(), &refs)
+            .map_err(DecisionError::from_model_error)?;
+        Ok((plans, scores))
+    }
+
+    /// The raw score behind each yes/no answer of `request`, in question order, before
+    /// calibration: the score of its document, or with both criteria the difference of the
+    /// two. What `decide calibrate` fits on, so the fit sees exactly the scores decisions are
+    /// made from.
+    pub fn yes_no_scores(
+        &self,
+        request: &DecisionRequest,
+    ) -> Result<Vec<(String, f64)>, DecisionError> {
+        let (plans, scores) = self.score_plans(request)?;
+        request
+            .questions()
+            .keys()
+            .zip(&plans)
+            .map(|(name, plan)| match plan {
+                Plan::YesNo { yes, no: None } => Ok((name.clone(), scores.raw[*yes])),
+                Plan::YesNo { yes, no: Some(no) } => {
+                    Ok((name.clone(), scores.raw[*yes] - scores.raw[*no]))
+                }
+                Plan::Options(_) => Err(DecisionError::UnsupportedFeature(format!(
+                    "question '{name}' is not a yes/no question"
+                ))),
+            })
+            .collect()
+    }
+
     fn answer_request(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
         // An engine holds one model: a request for another must fail, not be answered by this one.
         if let Some(asked) = request.model_name() {
@@ -153,11 +191,7 @@ impl Engine {
         let cal = self
             .calibration()
             .map_err(DecisionError::from_model_error)?;
-        let (docs, plans) = plan(request);
-        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
-        let scores = self
-            .score_input(request.input(), &refs)
-            .map_err(DecisionError::from_model_error)?;
+        let (plans, scores) = self.score_plans(request)?;
         let mut response = DecisionResponse::builder()
             .model_name(self.info().name.clone())
             .token_usage(TokenUsage::new(scores.tokens as u64));

@@ -777,7 +777,7 @@ impl Engine {
             })
     }
 
-    /// Whether `forward` tensors are on `device` (for tests across devices).
+    /// The device the model runs on.
     pub fn device(&self) -> &Device {
         &self.inner.device
     }

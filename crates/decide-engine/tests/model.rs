@@ -397,3 +397,20 @@ fn a_request_for_another_model_is_refused() {
     );
     assert!(engine().decide(&by_id).is_ok());
 }
+
+#[test]
+fn yes_no_scores_are_the_scores_behind_the_answers() {
+    let request = tool_request("Send Anna an email saying the meeting moved");
+    let raw = engine().yes_no_scores(&request).unwrap();
+    let response = engine().decide(&request).unwrap();
+    let cal = engine().calibration().unwrap();
+    assert_eq!(raw.len(), TOOLS.len());
+    for (name, s) in raw {
+        let p = response.yes_no(&name).unwrap().probability();
+        assert!(
+            (p - cal.probability(s)).abs() < 1e-12,
+            "{name}: {p} vs {}",
+            cal.probability(s)
+        );
+    }
+}
