@@ -727,7 +727,12 @@ async fn the_filtering_provider_plugs_in_unchanged() {
         provided("send_email", "Send an email", "sent"),
         provided("get_weather", "Current weather for a city", "rain"),
         provided("create_invoice", "Create an invoice", "created"),
+        divide_tool().into_provided().unwrap(),
     ]);
+    assert!(
+        slow_echo_tool().into_provided().is_none(),
+        "async tools have no provider form"
+    );
     let decisions = Arc::new(MockDecisionModel::answers_yes_no(|q| match q.candidate() {
         Some(c) if c.name == "get_weather" => 0.9,
         _ => 0.1,

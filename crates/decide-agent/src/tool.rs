@@ -80,6 +80,19 @@ impl Tool {
         Some(Self::from_executor(tool.specification, executor))
     }
 
+    /// The tool as a provider hands it out, so that `#[tool]` functions can be served by a [`ToolProvider`] (and
+    /// filtered by one); `None` for an asynchronous tool, since provider executors are synchronous.
+    ///
+    /// [`ToolProvider`]: decide_chat::ToolProvider
+    pub fn into_provided(self) -> Option<ProvidedTool> {
+        match self.run {
+            Run::Blocking(executor) => {
+                Some(ProvidedTool::new(self.specification).with_executor(executor))
+            }
+            Run::Async(_) => None,
+        }
+    }
+
     /// What the LLM sees.
     pub fn specification(&self) -> &ToolSpecification {
         &self.specification
