@@ -70,6 +70,8 @@ pub enum Command {
     Route(RouteArgs),
     /// List, locate and download models.
     Models(ModelsArgs),
+    /// Serve the OpenAI Decisions and System One APIs, /v1/select and /v1/route over HTTP, batching across requests.
+    Serve(ServeArgs),
 }
 
 /// The tool filter's options, shared by `select`, `score`, `calibrate` and `eval` so that all
@@ -203,4 +205,35 @@ pub enum ModelsCommand {
         /// A known name or a Hugging Face id.
         name: String,
     },
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (loopback by default; port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: String,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long, env = "DECIDE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Decisions in flight at once, queued ones included; past it, 503 with Retry-After.
+    #[arg(long, default_value_t = 512)]
+    pub max_concurrent_requests: usize,
+    /// Requests batched into one forward pass (under --max-batch-tokens).
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_requests: usize,
+    /// Run every request in a forward pass of its own (for comparison).
+    #[arg(long)]
+    pub no_batching: bool,
+    /// Largest request body in bytes; past it, 413.
+    #[arg(long, default_value_t = 2 * 1024 * 1024)]
+    pub payload_limit: usize,
+    /// Seconds a request may take; past it, 504.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+    /// Questions per request.
+    #[arg(long, default_value_t = 64)]
+    pub max_questions: usize,
+    /// Options per choice question (and tools or routes per request).
+    #[arg(long, default_value_t = 255)]
+    pub max_options: usize,
 }

@@ -9,6 +9,7 @@ mod models;
 mod route;
 mod score;
 mod select;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -54,5 +55,6 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
         args::Command::Eval(a) => eval::run(&cli.global, a),
         args::Command::Route(a) => route::run(&cli.global, a),
         args::Command::Models(a) => models::run(&cli.global, a),
+        args::Command::Serve(a) => serve::run(&cli.global, a),
     }
 }

@@ -8,6 +8,7 @@ use decide_contract::{
 
 use crate::calibration::{sigmoid, softmax, Calibration};
 use crate::engine::Engine;
+use crate::staged::{EncodedRow, StagedScores};
 
 /// The text a candidate is scored as: `name: description`, or the name alone when the
 /// description adds nothing.
@@ -178,6 +179,22 @@ impl Engine {
     }
 
     fn answer_request(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
+        let mut staged = self.stage_decision(request)?;
+        let rows = staged.take_rows();
+        let outputs = self
+            .forward_rows(&rows)
+            .map_err(DecisionError::from_model_error)?;
+        staged.finish(outputs)
+    }
+
+    /// Stages a decision: checks the model name, plans every question's documents and
+    /// tokenizes them with the input, without running the model. Run its rows
+    /// ([`StagedDecision::take_rows`]), alone or with other requests' rows, through
+    /// [`forward_rows`](Self::forward_rows), then [`StagedDecision::finish`] it.
+    pub fn stage_decision(
+        &self,
+        request: &DecisionRequest,
+    ) -> Result<StagedDecision, DecisionError> {
         // An engine holds one model: a request for another must fail, not be answered by this one.
         if let Some(asked) = request.model_name() {
             let info = self.info();
@@ -188,15 +205,59 @@ impl Engine {
                 )));
             }
         }
-        let cal = self
+        let calibration = self
             .calibration()
             .map_err(DecisionError::from_model_error)?;
-        let (plans, scores) = self.score_plans(request)?;
+        let (docs, plans) = plan(request);
+        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
+        let scores = self
+            .stage_input(request.input(), &refs)
+            .map_err(DecisionError::from_model_error)?;
+        Ok(StagedDecision {
+            engine: self.clone(),
+            request: request.clone(),
+            plans,
+            scores,
+            calibration,
+        })
+    }
+}
+
+/// A decision whose rows wait for the model; see [`Engine::stage_decision`].
+pub struct StagedDecision {
+    engine: Engine,
+    request: DecisionRequest,
+    plans: Vec<Plan>,
+    scores: StagedScores,
+    calibration: Calibration,
+}
+
+impl StagedDecision {
+    /// The rows still held (all of them until [`take_rows`](Self::take_rows)).
+    pub fn rows(&self) -> &[EncodedRow] {
+        self.scores.rows()
+    }
+
+    /// Takes the rows out, to run them elsewhere; their outputs go back to
+    /// [`finish`](Self::finish) in the same order.
+    pub fn take_rows(&mut self) -> Vec<EncodedRow> {
+        self.scores.take_rows()
+    }
+
+    /// The answers, from the outputs of the staged rows (in the order they were taken).
+    pub fn finish(self, outputs: Vec<Vec<f32>>) -> Result<DecisionResponse, DecisionError> {
+        let engine = self.engine;
+        let scores = engine
+            .finish_scores(self.scores, outputs)
+            .map_err(DecisionError::from_model_error)?;
         let mut response = DecisionResponse::builder()
-            .model_name(self.info().name.clone())
+            .model_name(engine.info().name.clone())
             .token_usage(TokenUsage::new(scores.tokens as u64));
-        for ((name, question), plan) in request.questions().iter().zip(&plans) {
-            response = response.answer(name.clone(), answer(question, plan, &scores.raw, cal)?);
+        for ((name, question), plan) in self.request.questions().iter().zip(&self.plans) {
+            response = response.answer(
+                name.clone(),
+                answer(question, plan, &scores.raw, self.calibration)?,
+            );
         }
         response.build()
     }

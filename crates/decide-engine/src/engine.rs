@@ -171,7 +171,7 @@ pub struct Scores {
 /// Cheap to clone (the model is shared) and safe to use from many threads.
 #[derive(Clone)]
 pub struct Engine {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -184,32 +184,32 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-struct Inner {
-    info: ModelInfo,
+pub(crate) struct Inner {
+    pub(crate) info: ModelInfo,
     config: EncoderConfig,
     tokenizer: Tokenizer,
     model: Model,
     device: Device,
     dtype: DType,
-    max_batch_tokens: usize,
+    pub(crate) max_batch_tokens: usize,
     entailment_index: usize,
-    cache: Mutex<EmbeddingCache>,
+    pub(crate) cache: Mutex<EmbeddingCache>,
 }
 
 /// A bounded map from candidate text to embedding; the oldest entry goes first when full.
 /// One cache per engine, and an engine holds one model, so the key is (model, text).
-struct EmbeddingCache {
+pub(crate) struct EmbeddingCache {
     capacity: usize,
     map: HashMap<String, Arc<[f32]>>,
     order: VecDeque<String>,
 }
 
 impl EmbeddingCache {
-    fn get(&self, text: &str) -> Option<Arc<[f32]>> {
+    pub(crate) fn get(&self, text: &str) -> Option<Arc<[f32]>> {
         self.map.get(text).cloned()
     }
 
-    fn insert(&mut self, text: String, vector: Arc<[f32]>) {
+    pub(crate) fn insert(&mut self, text: String, vector: Arc<[f32]>) {
         if self.capacity == 0 || self.map.contains_key(&text) {
             return;
         }
@@ -475,7 +475,7 @@ impl Engine {
         Ok(self.encode(text)?.len())
     }
 
-    fn encode(&self, text: &str) -> Result<Encoding> {
+    pub(crate) fn encode(&self, text: &str) -> Result<Encoding> {
         self.inner
             .tokenizer
             .encode_fast(text, false)
@@ -503,7 +503,7 @@ impl Engine {
     }
 
     /// One text as the model reads it alone, trimmed to the model's length from `side`.
-    fn single_row(&self, text: &str, keep_end: bool) -> Result<Row> {
+    pub(crate) fn single_row(&self, text: &str, keep_end: bool) -> Result<Row> {
         let mut enc = self.encode(text)?;
         let budget = self
             .inner
@@ -525,7 +525,7 @@ impl Engine {
     /// A (query, candidate) pair as a cross-encoder reads it. When the pair is too long the
     /// query loses its oldest tokens first; the candidate is cut only when it alone would
     /// crowd the query out of its reserved quarter of the budget.
-    fn pair_row(&self, query: &Encoding, candidate: &str) -> Result<Row> {
+    pub(crate) fn pair_row(&self, query: &Encoding, candidate: &str) -> Result<Row> {
         let mut cand = self.encode(candidate)?;
         let budget = self
             .inner
@@ -549,7 +549,8 @@ impl Engine {
 
     /// Runs rows through the model in token-budgeted, length-sorted batches and returns one
     /// output vector per row, in the rows' order.
-    fn run(&self, rows: &[Row]) -> Result<Vec<Vec<f32>>> {
+    pub(crate) fn run<R: std::borrow::Borrow<Row>>(&self, rows: &[R]) -> Result<Vec<Vec<f32>>> {
+        let rows: Vec<&Row> = rows.iter().map(|r| r.borrow()).collect();
         let lengths: Vec<usize> = rows.iter().map(|r| r.ids.len()).collect();
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
         for batch in plan_batches(&lengths, self.inner.max_batch_tokens) {
@@ -579,29 +580,11 @@ impl Engine {
     /// oldest end, the candidates' embeddings cached); for a cross-encoder, the logit (or the
     /// entailment log-odds of an NLI model).
     pub fn score(&self, query: &str, candidates: &[&str]) -> Result<Scores> {
-        if candidates.is_empty() {
-            return Ok(Scores {
-                raw: Vec::new(),
-                tokens: 0,
-            });
-        }
-        match self.inner.info.head {
-            HeadName::BiEncoder => self.score_bi(&[query], candidates),
-            HeadName::CrossEncoder => {
-                let q = self.encode(query)?;
-                let rows = candidates
-                    .iter()
-                    .map(|c| self.pair_row(&q, c))
-                    .collect::<Result<Vec<_>>>()?;
-                let tokens = rows.iter().map(|r| r.ids.len()).sum();
-                let logits = self.run(&rows)?;
-                let raw = logits.iter().map(|l| self.logit_score(l)).collect();
-                Ok(Scores { raw, tokens })
-            }
-        }
+        let staged = self.stage_query(query, candidates)?;
+        self.complete(staged)
     }
 
-    fn logit_score(&self, logits: &[f32]) -> f64 {
+    pub(crate) fn logit_score(&self, logits: &[f32]) -> f64 {
         let l: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
         match (self.inner.info.score_kind, l.len()) {
             (ScoreKind::Logit, 1) => l[0],
@@ -643,60 +626,8 @@ impl Engine {
     }
 
     fn score_bi(&self, views: &[&str], candidates: &[&str]) -> Result<Scores> {
-        let view_rows = views
-            .iter()
-            .map(|v| self.single_row(v, true))
-            .collect::<Result<Vec<_>>>()?;
-        let mut tokens: usize = view_rows.iter().map(|r| r.ids.len()).sum();
-        let mut vectors: Vec<Option<Arc<[f32]>>> = {
-            let cache = self.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
-            candidates.iter().map(|c| cache.get(c)).collect()
-        };
-        // Candidates not in the cache go through the model with the query, in one run; a text
-        // repeated within the request is embedded once.
-        let mut missing: Vec<&str> = Vec::new();
-        for (c, v) in candidates.iter().zip(&vectors) {
-            if v.is_none() && !missing.contains(c) {
-                missing.push(c);
-            }
-        }
-        let mut rows = view_rows;
-        for c in &missing {
-            rows.push(self.single_row(c, false)?);
-        }
-        tokens += rows[views.len()..]
-            .iter()
-            .map(|r| r.ids.len())
-            .sum::<usize>();
-        let mut out = self.run(&rows)?.into_iter();
-        let queries: Vec<Vec<f32>> = out.by_ref().take(views.len()).collect();
-        let fresh: HashMap<&str, Arc<[f32]>> = missing
-            .iter()
-            .zip(out)
-            .map(|(c, v)| (*c, Arc::from(v)))
-            .collect();
-        {
-            let mut cache = self.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
-            for (c, v) in &fresh {
-                cache.insert((*c).to_string(), v.clone());
-            }
-        }
-        for (c, v) in candidates.iter().zip(vectors.iter_mut()) {
-            if v.is_none() {
-                *v = fresh.get(c).cloned();
-            }
-        }
-        let raw = vectors
-            .iter()
-            .map(|v| {
-                let v = v.as_deref().unwrap_or(&[]);
-                queries
-                    .iter()
-                    .map(|q| cosine(q, v))
-                    .fold(f64::NEG_INFINITY, f64::max)
-            })
-            .collect();
-        Ok(Scores { raw, tokens })
+        let staged = self.stage_bi(views, candidates)?;
+        self.complete(staged)
     }
 
     /// Sentence embeddings of `texts`, as sentence-transformers computes them (inputs longer
@@ -783,13 +714,13 @@ impl Engine {
     }
 }
 
-#[derive(Clone)]
-struct Row {
-    ids: Vec<u32>,
-    types: Vec<u32>,
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Row {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) types: Vec<u32>,
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
     for (x, y) in a.iter().zip(b) {
         dot += (*x as f64) * (*y as f64);

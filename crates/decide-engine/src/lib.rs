@@ -59,11 +59,12 @@ mod error;
 #[cfg(feature = "hub")]
 mod pull;
 pub mod registry;
+mod staged;
 
 pub use batching::plan_batches;
 pub use calibration::{sigmoid, softmax, Calibration};
 pub use config::{Activation, EncoderConfig, Family};
-pub use decision::candidate_text;
+pub use decision::{candidate_text, StagedDecision};
 pub use device::{DeviceSpec, Precision};
 pub use engine::{
     Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_CAPACITY,
@@ -73,3 +74,4 @@ pub use error::{EngineError, Result};
 #[cfg(feature = "hub")]
 pub use pull::pull;
 pub use registry::{HeadName, Manifest, ModelLocation, DEFAULT_MODEL};
+pub use staged::{EncodedRow, StagedScores};

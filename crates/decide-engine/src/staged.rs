@@ -1,0 +1,227 @@
+//! Scoring in three steps: stage (tokenize, look up cached embeddings), forward (the rows
+//! through the model) and finish (rows' outputs back into scores).
+//!
+//! [`Engine::score`] and the [`DecisionModel`](decide_contract::DecisionModel) impl run the
+//! three steps back to back. A server that batches across requests runs the middle step
+//! itself, for the rows of many requests at once: it takes each request's rows
+//! ([`StagedDecision::take_rows`]), runs them together under the token budget
+//! ([`Engine::forward_rows`]), and hands every request its own outputs back
+//! ([`StagedDecision::finish`]). Because the engine's own path is the same three steps, a
+//! batched answer equals the one-request answer up to float summation order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use decide_contract::DecisionInput;
+
+use crate::engine::{cosine, Engine, Row, Scores};
+use crate::error::{EngineError, Result};
+use crate::registry::HeadName;
+
+/// One tokenized row (a text, or a query-candidate pair), ready for the model.
+// No `Debug`: token ids decode back to the user's text.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct EncodedRow(pub(crate) Row);
+
+impl EncodedRow {
+    /// Its length in tokens, special tokens included: what it costs in a batch.
+    pub fn len(&self) -> usize {
+        self.0.ids.len()
+    }
+
+    /// Whether it has no token (never the case for a staged row).
+    pub fn is_empty(&self) -> bool {
+        self.0.ids.is_empty()
+    }
+}
+
+/// How a staged scoring turns its rows' outputs into scores.
+enum Finish {
+    /// No candidates: nothing to run.
+    Empty,
+    /// One cross-encoder pair per candidate.
+    Cross,
+    /// Bi-encoder: `views` query rows first, then one row per candidate missing from the cache.
+    Bi {
+        views: usize,
+        candidates: Vec<String>,
+        cached: Vec<Option<Arc<[f32]>>>,
+        missing: Vec<String>,
+    },
+}
+
+/// The candidates of one query, tokenized and waiting for the model.
+pub struct StagedScores {
+    rows: Vec<EncodedRow>,
+    expected: usize,
+    tokens: usize,
+    finish: Finish,
+}
+
+impl StagedScores {
+    /// The rows still held (all of them until [`take_rows`](Self::take_rows)).
+    pub fn rows(&self) -> &[EncodedRow] {
+        &self.rows
+    }
+
+    /// Takes the rows out, to run them elsewhere; the outputs go back in the same order.
+    pub fn take_rows(&mut self) -> Vec<EncodedRow> {
+        std::mem::take(&mut self.rows)
+    }
+}
+
+impl Engine {
+    /// The token budget of one forward pass (rows × longest row).
+    pub fn max_batch_tokens(&self) -> usize {
+        self.inner.max_batch_tokens
+    }
+
+    /// Stages the scoring of `candidates` against a decision input, as
+    /// [`score_input`](Self::score_input) scores them.
+    pub fn stage_input(&self, input: &DecisionInput, candidates: &[&str]) -> Result<StagedScores> {
+        let full = input.render();
+        match (self.inner.info.head, input.last_user_text()) {
+            (HeadName::BiEncoder, Some(last))
+                if last.trim() != full.trim() && !candidates.is_empty() =>
+            {
+                self.stage_bi(&[&full, last], candidates)
+            }
+            _ => self.stage_query(&full, candidates),
+        }
+    }
+
+    /// Stages the scoring of `candidates` against one query, as [`score`](Self::score) does.
+    pub fn stage_query(&self, query: &str, candidates: &[&str]) -> Result<StagedScores> {
+        if candidates.is_empty() {
+            return Ok(StagedScores {
+                rows: Vec::new(),
+                expected: 0,
+                tokens: 0,
+                finish: Finish::Empty,
+            });
+        }
+        match self.inner.info.head {
+            HeadName::BiEncoder => self.stage_bi(&[query], candidates),
+            HeadName::CrossEncoder => {
+                let q = self.encode(query)?;
+                let rows = candidates
+                    .iter()
+                    .map(|c| self.pair_row(&q, c).map(EncodedRow))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(StagedScores {
+                    expected: rows.len(),
+                    tokens: rows.iter().map(EncodedRow::len).sum(),
+                    rows,
+                    finish: Finish::Cross,
+                })
+            }
+        }
+    }
+
+    pub(crate) fn stage_bi(&self, views: &[&str], candidates: &[&str]) -> Result<StagedScores> {
+        let mut rows = views
+            .iter()
+            .map(|v| self.single_row(v, true).map(EncodedRow))
+            .collect::<Result<Vec<_>>>()?;
+        let cached: Vec<Option<Arc<[f32]>>> = {
+            let cache = self.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
+            candidates.iter().map(|c| cache.get(c)).collect()
+        };
+        // Candidates not in the cache go through the model with the query; a text repeated
+        // within the request is embedded once.
+        let mut missing: Vec<String> = Vec::new();
+        for (c, v) in candidates.iter().zip(&cached) {
+            if v.is_none() && !missing.iter().any(|m| m == c) {
+                missing.push((*c).to_string());
+            }
+        }
+        for c in &missing {
+            rows.push(EncodedRow(self.single_row(c, false)?));
+        }
+        Ok(StagedScores {
+            expected: rows.len(),
+            tokens: rows.iter().map(EncodedRow::len).sum(),
+            rows,
+            finish: Finish::Bi {
+                views: views.len(),
+                candidates: candidates.iter().map(|c| (*c).to_string()).collect(),
+                cached,
+                missing,
+            },
+        })
+    }
+
+    /// Runs rows through the model in token-budgeted, length-sorted batches and returns one
+    /// output vector per row, in the rows' order. Rows of different requests may share a call.
+    pub fn forward_rows(&self, rows: &[EncodedRow]) -> Result<Vec<Vec<f32>>> {
+        let rows: Vec<&Row> = rows.iter().map(|r| &r.0).collect();
+        self.run(&rows)
+    }
+
+    /// Turns the outputs of a staged scoring's rows (in the order they were staged) into
+    /// scores, and caches a bi-encoder's fresh candidate embeddings.
+    pub fn finish_scores(&self, staged: StagedScores, outputs: Vec<Vec<f32>>) -> Result<Scores> {
+        if outputs.len() != staged.expected {
+            return Err(EngineError::Tokenizer(format!(
+                "{} outputs for {} staged rows",
+                outputs.len(),
+                staged.expected
+            )));
+        }
+        // Tokens that went through the model: every staged row (cached embeddings cost none).
+        let tokens = staged.tokens;
+        match staged.finish {
+            Finish::Empty => Ok(Scores {
+                raw: Vec::new(),
+                tokens: 0,
+            }),
+            Finish::Cross => Ok(Scores {
+                raw: outputs.iter().map(|l| self.logit_score(l)).collect(),
+                tokens,
+            }),
+            Finish::Bi {
+                views,
+                candidates,
+                mut cached,
+                missing,
+            } => {
+                let mut out = outputs.into_iter();
+                let queries: Vec<Vec<f32>> = out.by_ref().take(views).collect();
+                let fresh: HashMap<&str, Arc<[f32]>> = missing
+                    .iter()
+                    .zip(out)
+                    .map(|(c, v)| (c.as_str(), Arc::from(v)))
+                    .collect();
+                {
+                    let mut cache = self.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
+                    for (c, v) in &fresh {
+                        cache.insert((*c).to_string(), v.clone());
+                    }
+                }
+                for (c, v) in candidates.iter().zip(cached.iter_mut()) {
+                    if v.is_none() {
+                        *v = fresh.get(c.as_str()).cloned();
+                    }
+                }
+                let raw = cached
+                    .iter()
+                    .map(|v| {
+                        let v = v.as_deref().unwrap_or(&[]);
+                        queries
+                            .iter()
+                            .map(|q| cosine(q, v))
+                            .fold(f64::NEG_INFINITY, f64::max)
+                    })
+                    .collect();
+                Ok(Scores { raw, tokens })
+            }
+        }
+    }
+
+    /// Stage, forward and finish in one go: the one-request path.
+    pub(crate) fn complete(&self, mut staged: StagedScores) -> Result<Scores> {
+        let rows = staged.take_rows();
+        let outputs = self.forward_rows(&rows)?;
+        self.finish_scores(staged, outputs)
+    }
+}

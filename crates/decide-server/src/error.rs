@@ -1,0 +1,13 @@
+//! The server's own errors (not the HTTP answers, which live in the API module).
+
+/// What can fail when starting or running the server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// Binding, accepting or serving failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The inference thread could not be started.
+    #[error("could not start the inference thread: {0}")]
+    Thread(std::io::Error),
+}

@@ -1,0 +1,156 @@
+//! `decide serve`: a local decision server that existing clients use unchanged.
+//!
+//! LangChain4j, Spring AI, pydecide and LangChain already talk to decision models over HTTP,
+//! in the OpenAI Decisions format or TypeSafe's System One format. This crate serves both over
+//! the local engine, so those clients decide locally by changing one base URL, and many agents
+//! on one machine share one loaded model:
+//!
+//! | endpoint | what |
+//! |---|---|
+//! | `POST /v1/decisions` | the OpenAI Decisions API ([`decide_http::openai`]) |
+//! | `POST /v1/systemone` | the System One API ([`decide_http::systemone`]) |
+//! | `POST /v1/select` | which tools a conversation needs (`decide select --json`) |
+//! | `POST /v1/route` | which route a conversation takes (`decide route --json`) |
+//! | `GET /v1/models` | the loaded model |
+//! | `GET /health` | liveness, open without an API key |
+//! | `GET /metrics` | Prometheus text: requests, latency, batch sizes, queue depth |
+//!
+//! ## Batching across requests
+//!
+//! Every decision goes through one queue ([`Batcher`]), the design of
+//! text-embeddings-inference's: a request is tokenized on the caller's side
+//! ([`Engine::stage_decision`](decide_engine::Engine::stage_decision)), its rows join a
+//! bounded FIFO, and one inference thread pops as many requests as fit the engine's token
+//! budget (padded cost: rows × longest row) into one
+//! [`forward_rows`](decide_engine::Engine::forward_rows) call, then hands every request its own
+//! outputs back. Identical rows in one batch (many agents sending the same tool list) run
+//! once. Throughput grows with concurrency instead of latency; with batching off
+//! (`max_batch_requests = 1`) the same queue runs one request per call, which is what the
+//! load test compares against. Because the engine's own one-request path is the same three
+//! steps, a batched answer equals the embedded engine's.
+//!
+//! The filter and the router of `/v1/select` and `/v1/route` ask the same queue: the model
+//! they see is a [`BatchedEngine`], a [`DecisionModel`](decide_contract::DecisionModel) whose
+//! calls go through the batcher.
+//!
+//! ## Limits
+//!
+//! * Admission: at most `max_concurrent_requests` decisions in flight; past that, `503` with
+//!   `Retry-After` at once, never an unbounded pile-up.
+//! * A body larger than `max_body_bytes` gets `413`; questions per request and options per
+//!   question are bounded ([`Limits`](decide_http::Limits)).
+//! * Each request has a deadline (`504` past it); a request whose client gave up is dropped
+//!   from the queue before it costs a forward pass.
+//! * Every malformed body gets a `400` naming the field, in the error shape of the format it
+//!   came in (`{"error": {"message", "type", "param", "code"}}` for OpenAI and our own
+//!   endpoints, `{"error": {"type", "message", "field"}}` for System One).
+//! * With an API key, every endpoint but `/health` needs `Authorization: Bearer KEY`; keys are
+//!   compared in constant time (over their SHA-256, so the length does not leak either).
+//! * The request input is never logged: only endpoint, status and latency are.
+//!
+//! [`serve`] runs the router until a shutdown future completes, then finishes the requests in
+//! flight (graceful shutdown); `decide serve` passes SIGTERM and Ctrl-C.
+#![deny(missing_docs)]
+
+mod api;
+mod batcher;
+mod error;
+mod metrics;
+mod tasks;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use batcher::{BatchConfig, BatchedEngine, Batcher, Overloaded, Pending};
+use decide_engine::Engine;
+pub use decide_http::Limits;
+pub use error::ServerError;
+pub use metrics::Metrics;
+use tokio::net::TcpListener;
+
+/// How the server behaves; every field has a default.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// When set, requests need `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// The largest request body, in bytes (default 2 MiB, as text-embeddings-inference).
+    pub max_body_bytes: usize,
+    /// Decisions in flight at once, queued ones included; past it, 503 (default 512).
+    pub max_concurrent_requests: usize,
+    /// How long a request may take before it is answered with 504 (default 30 s).
+    pub request_timeout: Duration,
+    /// The `Retry-After` of a 503, in seconds (default 1).
+    pub retry_after_secs: u64,
+    /// Questions and options per request.
+    pub limits: Limits,
+    /// Requests per forward pass; 1 turns cross-request batching off (default 64).
+    pub max_batch_requests: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            api_key: None,
+            max_body_bytes: 2 * 1024 * 1024,
+            max_concurrent_requests: 512,
+            request_timeout: Duration::from_secs(30),
+            retry_after_secs: 1,
+            limits: Limits::default(),
+            max_batch_requests: 64,
+        }
+    }
+}
+
+/// The loaded model, its queue and the settings, shared by every handler.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<api::Shared>,
+}
+
+impl AppState {
+    /// Starts the batching queue over `engine`.
+    pub fn new(engine: Engine, config: ServerConfig) -> Result<Self, ServerError> {
+        let metrics = Arc::new(Metrics::new());
+        let batcher = Batcher::start(
+            engine.clone(),
+            BatchConfig {
+                max_batch_tokens: engine.max_batch_tokens(),
+                max_batch_requests: config.max_batch_requests,
+                queue_capacity: config.max_concurrent_requests,
+            },
+            metrics.clone(),
+        )?;
+        Ok(Self {
+            inner: Arc::new(api::Shared::new(engine, batcher, metrics, config)),
+        })
+    }
+
+    /// The decision model every endpoint uses: the engine behind the queue.
+    pub fn model(&self) -> &BatchedEngine {
+        &self.inner.model
+    }
+
+    /// The metrics the server records.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+}
+
+/// The router of every endpoint, with the body limit and the API-key check.
+pub fn router(state: AppState) -> axum::Router {
+    api::router(state)
+}
+
+/// Serves `router(state)` on `listener` until `shutdown` completes, then lets the requests in
+/// flight finish.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServerError::Io)
+}

@@ -1,0 +1,743 @@
+//! The server over the real default model (all-MiniLM-L6-v2, installed by `models/fetch`),
+//! loaded once for this test binary: answers equal the embedded engine's, malformed bodies
+//! get a 400 naming the field, the limits answer as documented, and concurrent requests are
+//! batched with unchanged answers.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use decide_contract::{
+    ChoiceQuestion, DecisionInput, DecisionModel, DecisionRequest, DecisionResponse, ScaleQuestion,
+    YesNoQuestion,
+};
+use decide_engine::Engine;
+use decide_server::{router, AppState, ServerConfig};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::builder().build().expect("run models/fetch first"))
+}
+
+fn app_with(config: ServerConfig) -> (Router, AppState) {
+    let state = AppState::new(engine().clone(), config).unwrap();
+    (router(state.clone()), state)
+}
+
+fn app() -> Router {
+    app_with(ServerConfig::default()).0
+}
+
+async fn call(
+    app: &Router,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+    key: Option<&str>,
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(k) = key {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
+    }
+    let req = req
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.map(Body::from).unwrap_or_else(Body::empty))
+        .unwrap();
+    let response = app.clone().oneshot(req).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, headers, bytes)
+}
+
+async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
+    let (status, _, bytes) = call(app, "POST", path, Some(body.to_string()), None).await;
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)));
+    (status, value)
+}
+
+/// Batched and one-by-one forward passes pad differently; f32 sums then differ in the last bits.
+const TOL: f64 = 1e-6;
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= TOL
+}
+
+const TICKET: &str = "My flight to Lisbon was cancelled and I want my money back";
+
+fn openai_body() -> Value {
+    json!({
+        "model": "gpt-6-luna",
+        "input": TICKET,
+        "questions": [
+            {"type": "predicate", "name": "refund", "instructions": "Does the user ask for a refund?"},
+            {"type": "choice", "name": "team", "instructions": "Which team should handle this?",
+             "choices": [{"value": "payments", "description": "Refunds and payments"},
+                         {"value": "bookings", "description": "New bookings and seat changes"},
+                         {"value": "lost-luggage"}]},
+            {"type": "score", "name": "urgency", "instructions": "How urgent is it?",
+             "levels": [{"label": "low", "description": "can wait a week"},
+                        {"label": "medium"},
+                        {"label": "high", "description": "needs help today"}]}
+        ]
+    })
+}
+
+/// The request the server builds from `openai_body()`.
+fn openai_equivalent() -> DecisionRequest {
+    DecisionRequest::builder()
+        .input(TICKET)
+        .question(
+            "refund",
+            YesNoQuestion::new("Does the user ask for a refund?").unwrap(),
+        )
+        .question(
+            "team",
+            ChoiceQuestion::builder("Which team should handle this?")
+                .option_with_description("payments", "Refunds and payments")
+                .option_with_description("bookings", "New bookings and seat changes")
+                .option("lost-luggage")
+                .build()
+                .unwrap(),
+        )
+        .question(
+            "urgency",
+            ScaleQuestion::builder("How urgent is it?")
+                .level_with_description("low", "can wait a week")
+                .level("medium")
+                .level_with_description("high", "needs help today")
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_decisions_match_the_embedded_engine() {
+    let expected = engine().decide(&openai_equivalent()).unwrap();
+    let (status, body) = post(&app(), "/v1/decisions", openai_body()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["model"], engine().info().name.as_str());
+    let answers = body["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 3);
+    assert_eq!(answers[0]["type"], "predicate");
+    assert_eq!(answers[0]["name"], "refund");
+    let p = answers[0]["probability"].as_f64().unwrap();
+    assert!(
+        close(p, expected.yes_no("refund").unwrap().probability()),
+        "{p}"
+    );
+
+    let team = expected.choice("team").unwrap();
+    assert_eq!(answers[1]["type"], "choice");
+    assert_eq!(answers[1]["choice"], team.value());
+    let probs = answers[1]["probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 3);
+    for entry in probs {
+        let value = entry["value"].as_str().unwrap();
+        let p = entry["probability"].as_f64().unwrap();
+        assert!(
+            close(p, team.probability_of(value).unwrap()),
+            "{value}: {p}"
+        );
+    }
+    assert!(close(
+        answers[1]["confidence"].as_f64().unwrap(),
+        team.confidence().unwrap()
+    ));
+
+    let urgency = expected.scale("urgency").unwrap();
+    assert_eq!(answers[2]["type"], "score");
+    assert!(close(answers[2]["score"].as_f64().unwrap(), urgency.mean()));
+    let levels = answers[2]["probabilities"].as_array().unwrap();
+    for (i, entry) in levels.iter().enumerate() {
+        assert_eq!(entry["value"], i);
+        assert!(close(
+            entry["probability"].as_f64().unwrap(),
+            urgency.probabilities()[i]
+        ));
+    }
+    assert_eq!(levels[2]["label"], "high");
+
+    let usage = &body["usage"];
+    let tokens = expected.token_usage().unwrap().input_tokens;
+    assert!(usage["input_tokens"].as_u64().unwrap() > 0);
+    assert!(
+        usage["input_tokens"].as_u64().unwrap() <= tokens,
+        "cached candidates cost nothing"
+    );
+    assert_eq!(usage["output_tokens"], 0);
+    assert_eq!(usage["total_tokens"], usage["input_tokens"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_messages_become_a_conversation_and_images_alone_are_refused() {
+    let messages = json!([
+        {"type": "message", "role": "system", "content": "You are a travel agent."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Find me a hotel in Porto"}]},
+        {"type": "message", "role": "assistant", "content": "Which dates?"},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Next weekend, and here is my passport"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}]}
+    ]);
+    let question = json!([{"type": "predicate", "name": "hotel", "instructions": "Does the user want a hotel?"}]);
+    let (status, body) = post(
+        &app(),
+        "/v1/decisions",
+        json!({"model": "m", "input": messages, "questions": question}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let input: DecisionInput = serde_json::from_value(json!({"messages": [
+        {"role": "user", "text": "Find me a hotel in Porto"},
+        {"role": "assistant", "text": "Which dates?"},
+        {"role": "user", "text": "Next weekend, and here is my passport\n[attached image]"}
+    ]}))
+    .unwrap();
+    let expected = engine()
+        .decide(
+            &DecisionRequest::builder()
+                .input(input)
+                .question(
+                    "hotel",
+                    YesNoQuestion::new("Does the user want a hotel?").unwrap(),
+                )
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    let p = body["answers"][0]["probability"].as_f64().unwrap();
+    assert!(close(p, expected.yes_no("hotel").unwrap().probability()));
+
+    let only_image = json!([{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]);
+    let (status, body) = post(
+        &app(),
+        "/v1/decisions",
+        json!({"model": "m", "input": only_image, "questions": question}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["answers"][0]["type"], "refusal");
+    assert_eq!(body["answers"][0]["name"], "hotel");
+    assert_eq!(body["usage"]["input_tokens"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn system_one_matches_the_embedded_engine() {
+    let body = json!({
+        "model": "jev-latest",
+        "state": {"ticket": TICKET, "customer": "gold"},
+        "questions": {
+            "refund": {"type": "noul", "instructions": "Refund?",
+                       "criteria": {"true": "the user asks for their money back", "false": "the user asks for something else"}},
+            "rebook": {"type": "noul", "instructions": "Does the user want a new flight?"},
+            "team": {"type": "choice", "instructions": "Which team?",
+                     "criteria": {"payments": "Refunds and payments", "bookings": null}},
+            "urgency": {"type": "score", "instructions": "How urgent?",
+                        "criteria": ["low", {"label": "high", "description": "needs help today"}]}
+        }
+    });
+    let (status, got) = post(&app(), "/v1/systemone", body).await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let mut fields = serde_json::Map::new();
+    fields.insert("ticket".into(), json!(TICKET));
+    fields.insert("customer".into(), json!("gold"));
+    let request = DecisionRequest::builder()
+        .input(fields)
+        .question(
+            "refund",
+            YesNoQuestion::builder("Refund?")
+                .yes_when("the user asks for their money back")
+                .no_when("the user asks for something else")
+                .build()
+                .unwrap(),
+        )
+        .question(
+            "rebook",
+            YesNoQuestion::new("Does the user want a new flight?").unwrap(),
+        )
+        .question(
+            "team",
+            ChoiceQuestion::builder("Which team?")
+                .option_with_description("payments", "Refunds and payments")
+                .option("bookings")
+                .build()
+                .unwrap(),
+        )
+        .question(
+            "urgency",
+            ScaleQuestion::builder("How urgent?")
+                .level("low")
+                .level_with_description("high", "needs help today")
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let expected: DecisionResponse = engine().decide(&request).unwrap();
+    let a = &got["answers"];
+    assert_eq!(a["refund"]["type"], "noul");
+    assert!(close(
+        a["refund"]["noul"].as_f64().unwrap(),
+        expected.yes_no("refund").unwrap().probability()
+    ));
+    assert!(close(
+        a["rebook"]["noul"].as_f64().unwrap(),
+        expected.yes_no("rebook").unwrap().probability()
+    ));
+    let team = expected.choice("team").unwrap();
+    assert_eq!(a["team"]["choice"], team.value());
+    for option in ["payments", "bookings"] {
+        assert!(close(
+            a["team"]["probabilities"][option].as_f64().unwrap(),
+            team.probability_of(option).unwrap()
+        ));
+    }
+    let urgency = expected.scale("urgency").unwrap();
+    assert!(close(
+        a["urgency"]["score"].as_f64().unwrap(),
+        urgency.mean()
+    ));
+    assert_eq!(a["urgency"]["legend"]["1"], "high");
+    assert!(close(
+        a["urgency"]["probabilities"]["1"].as_f64().unwrap(),
+        urgency.probabilities()[1]
+    ));
+    assert!(got["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(got["usage"]["output_tokens"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_bodies_get_a_400_naming_the_field() {
+    let app = app();
+    let q = json!([{"type": "predicate", "name": "a", "instructions": "A?"}]);
+    let openai_cases = [
+        (json!({"questions": q}), "input", "missing"),
+        (json!({"input": "", "questions": q}), "input", "blank"),
+        (json!({"input": 3, "questions": q}), "input", "a number"),
+        (json!({"input": "hi"}), "questions", "missing"),
+        (
+            json!({"input": "hi", "questions": []}),
+            "questions",
+            "at least one",
+        ),
+        (
+            json!({"input": "hi", "questions": [{"type": "predicate", "name": "a"}]}),
+            "questions[0].instructions",
+            "missing",
+        ),
+        (
+            json!({"input": "hi", "questions": [{"type": "vote", "name": "a", "instructions": "x"}]}),
+            "questions[0].type",
+            "vote",
+        ),
+        (
+            json!({"input": "hi", "questions": [{"type": "choice", "name": "a", "instructions": "x", "choices": [{"value": "only"}]}]}),
+            "questions[0].choices",
+            "at least 2",
+        ),
+        (
+            json!({"input": "hi", "questions": [{"type": "choice", "name": "a", "instructions": "x", "choices": [{"value": "x"}, {"value": 7}]}]}),
+            "questions[0].choices[1].value",
+            "a number",
+        ),
+        (
+            json!({"input": "hi", "questions": [{"type": "choice", "name": "a", "instructions": "x", "choices": [{"value": "x"}, {"value": "x"}]}]}),
+            "questions[0].choices",
+            "already defined",
+        ),
+        (
+            json!({"input": "hi", "questions": [{"type": "score", "name": "a", "instructions": "x", "levels": [{"label": "lo"}]}]}),
+            "questions[0].levels",
+            "2 to 10",
+        ),
+        (
+            json!({"input": "hi", "questions": [{"type": "predicate", "name": "a", "instructions": "x"}, {"type": "predicate", "name": "a", "instructions": "y"}]}),
+            "questions[1].name",
+            "duplicate",
+        ),
+        (
+            json!({"input": [{"role": "robot", "content": "x"}], "questions": q}),
+            "input[0].role",
+            "robot",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_audio"}]}], "questions": q}),
+            "input[0].content[0].type",
+            "input_audio",
+        ),
+    ];
+    for (body, field, words) in openai_cases {
+        let (status, got) = post(&app, "/v1/decisions", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {got}");
+        assert_eq!(got["error"]["type"], "invalid_request_error");
+        assert_eq!(got["error"]["param"], field, "{body} -> {got}");
+        let message = got["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(field) && message.contains(words),
+            "{message}"
+        );
+    }
+    let (status, _, bytes) = call(
+        &app,
+        "POST",
+        "/v1/decisions",
+        Some("{\"input\": ".into()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let got: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid JSON at line 1"),
+        "{got}"
+    );
+
+    let system_one_cases = [
+        (
+            json!({"questions": {"a": {"type": "noul", "instructions": "A?"}}}),
+            "state",
+            "missing",
+        ),
+        (
+            json!({"state": true, "questions": {"a": {"type": "noul", "instructions": "A?"}}}),
+            "state",
+            "a boolean",
+        ),
+        (
+            json!({"state": "s", "questions": []}),
+            "questions",
+            "an array",
+        ),
+        (
+            json!({"state": "s", "questions": {"a": {"type": "choice", "instructions": "A?"}}}),
+            "questions.a.criteria",
+            "missing",
+        ),
+        (
+            json!({"state": "s", "questions": {"a": {"type": "choice", "instructions": "A?", "criteria": {"x": null}}}}),
+            "questions.a.criteria",
+            "at least 2",
+        ),
+        (
+            json!({"state": "s", "questions": {"a": {"type": "noul", "instructions": "A?", "criteria": {"maybe": "x"}}}}),
+            "questions.a.criteria.maybe",
+            "unknown",
+        ),
+        (
+            json!({"state": "s", "questions": {"a": {"type": "score", "instructions": "A?", "criteria": "high"}}}),
+            "questions.a.criteria",
+            "list of levels",
+        ),
+        (
+            json!({"state": "s", "questions": {"a": {"type": "rank", "instructions": "A?"}}}),
+            "questions.a.type",
+            "rank",
+        ),
+        (
+            json!({"state": "s", "questions": {"a": {"type": "noul"}}}),
+            "questions.a.instructions",
+            "missing",
+        ),
+    ];
+    for (body, field, words) in system_one_cases {
+        let (status, got) = post(&app, "/v1/systemone", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {got}");
+        assert_eq!(got["error"]["field"], field, "{body} -> {got}");
+        let message = got["error"]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{message}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_on_questions_and_options() {
+    let config = ServerConfig {
+        limits: decide_http::Limits {
+            max_questions: 2,
+            max_options: 3,
+            max_levels: 10,
+        },
+        ..ServerConfig::default()
+    };
+    let (app, _) = app_with(config);
+    let q = |n: &str| json!({"type": "predicate", "name": n, "instructions": "x"});
+    let (status, got) = post(
+        &app,
+        "/v1/decisions",
+        json!({"input": "hi", "questions": [q("a"), q("b"), q("c")]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["param"], "questions");
+    assert!(got["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("at most 2"));
+    let criteria = json!({"a": null, "b": null, "c": null, "d": null});
+    let (status, got) = post(&app, "/v1/systemone", json!({"state": "hi", "questions": {"q": {"type": "choice", "instructions": "x", "criteria": criteria}}})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("4 options, at most 3"),
+        "{got}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_required_when_set() {
+    let (app, _) = app_with(ServerConfig {
+        api_key: Some("s3cret".into()),
+        ..ServerConfig::default()
+    });
+    let body = openai_body().to_string();
+    let (status, _, bytes) = call(&app, "POST", "/v1/decisions", Some(body.clone()), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let got: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(got["error"]["type"], "authentication_error");
+    let (status, _, _) = call(
+        &app,
+        "POST",
+        "/v1/decisions",
+        Some(body.clone()),
+        Some("s3cre"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = call(
+        &app,
+        "POST",
+        "/v1/decisions",
+        Some(body.clone()),
+        Some("s3cret!"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, bytes) = call(
+        &app,
+        "POST",
+        "/v1/systemone",
+        Some("{}".into()),
+        Some("nope"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let got: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(
+        got["error"]["field"].is_null() && got["error"]["message"].is_string(),
+        "System One shape: {got}"
+    );
+    let (status, _, _) = call(&app, "GET", "/v1/models", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = call(&app, "GET", "/health", None, None).await;
+    assert_eq!(status, StatusCode::OK, "health stays open");
+    let (status, _, _) = call(&app, "POST", "/v1/decisions", Some(body), Some("s3cret")).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_limit_get_413() {
+    let (app, _) = app_with(ServerConfig {
+        max_body_bytes: 1024,
+        ..ServerConfig::default()
+    });
+    let big = json!({"input": "x".repeat(2000), "questions": [{"type": "predicate", "name": "a", "instructions": "A?"}]});
+    let (status, got) = post(&app, "/v1/decisions", big.clone()).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1024 bytes"),
+        "{got}"
+    );
+    let big = json!({"state": "x".repeat(2000), "questions": {}});
+    let (status, got) = post(&app, "/v1/systemone", big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(got["error"]["field"].is_null(), "System One shape: {got}");
+    let (status, _) = post(&app, "/v1/decisions", openai_body()).await;
+    assert_eq!(status, StatusCode::OK, "a body under the limit passes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_concurrency_limit_only_503_with_retry_after() {
+    let (app, state) = app_with(ServerConfig {
+        max_concurrent_requests: 1,
+        retry_after_secs: 2,
+        ..ServerConfig::default()
+    });
+    let mut calls = Vec::new();
+    for i in 0..16 {
+        let app = app.clone();
+        let body = json!({"input": format!("request number {i}: book a table for {i} people"),
+                          "questions": [{"type": "predicate", "name": "book", "instructions": "Booking?"}]});
+        calls.push(tokio::spawn(async move {
+            call(&app, "POST", "/v1/decisions", Some(body.to_string()), None).await
+        }));
+    }
+    let (mut ok, mut busy) = (0, 0);
+    for c in calls {
+        let (status, headers, _) = c.await.unwrap();
+        match status {
+            StatusCode::OK => ok += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                busy += 1;
+                assert_eq!(headers[header::RETRY_AFTER], "2");
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(ok >= 1 && busy >= 1, "ok {ok}, busy {busy}");
+    let text = state.metrics().render();
+    assert!(
+        text.contains(&format!("decide_rejected_total {busy}\n")),
+        "{text}"
+    );
+    // The server recovers: the next request goes through.
+    let (status, _) = post(&app, "/v1/decisions", openai_body()).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_its_deadline_gets_504() {
+    let (app, _) = app_with(ServerConfig {
+        request_timeout: Duration::from_nanos(1),
+        ..ServerConfig::default()
+    });
+    let (status, got) = post(&app, "/v1/decisions", openai_body()).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{got}");
+    assert_eq!(got["error"]["type"], "timeout_error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_are_batched_with_unchanged_answers() {
+    let (app, state) = app_with(ServerConfig::default());
+    let inputs: Vec<String> = (0..24)
+        .map(|i| {
+            format!(
+                "Customer {i} writes: my order #{} arrived broken, I want a replacement",
+                1000 + i * 7
+            )
+        })
+        .collect();
+    let mut calls = Vec::new();
+    for text in inputs.clone() {
+        let app = app.clone();
+        calls.push(tokio::spawn(async move {
+            post(&app, "/v1/systemone", json!({"state": text, "questions": {
+                "replace": {"type": "noul", "instructions": "Does the customer want a replacement?"},
+                "dept": {"type": "choice", "instructions": "Which department?", "criteria": {"returns": "Returns and replacements", "sales": "New orders", "it": "Website problems"}}
+            }})).await
+        }));
+    }
+    for (text, c) in inputs.iter().zip(calls) {
+        let (status, got) = c.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{got}");
+        let single = engine()
+            .decide(
+                &DecisionRequest::builder()
+                    .input(text.as_str())
+                    .question(
+                        "replace",
+                        YesNoQuestion::new("Does the customer want a replacement?").unwrap(),
+                    )
+                    .question(
+                        "dept",
+                        ChoiceQuestion::builder("Which department?")
+                            .option_with_description("returns", "Returns and replacements")
+                            .option_with_description("sales", "New orders")
+                            .option_with_description("it", "Website problems")
+                            .build()
+                            .unwrap(),
+                    )
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+        let p = got["answers"]["replace"]["noul"].as_f64().unwrap();
+        assert!(
+            close(p, single.yes_no("replace").unwrap().probability()),
+            "{p}"
+        );
+        for option in ["returns", "sales", "it"] {
+            let p = got["answers"]["dept"]["probabilities"][option]
+                .as_f64()
+                .unwrap();
+            assert!(close(
+                p,
+                single
+                    .choice("dept")
+                    .unwrap()
+                    .probability_of(option)
+                    .unwrap()
+            ));
+        }
+    }
+    let metrics = state.metrics();
+    assert!(
+        metrics.max_batch_requests() > 1,
+        "24 concurrent requests never shared a forward pass"
+    );
+    assert!(metrics.batches() < 24, "{} batches", metrics.batches());
+    let (status, _, bytes) = call(&app, "GET", "/metrics", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(
+        text.contains("decide_requests_total{endpoint=\"/v1/systemone\",status=\"200\"} 24\n"),
+        "{text}"
+    );
+    assert!(text.contains("decide_request_duration_seconds_count{endpoint=\"/v1/systemone\"} 24\n"));
+    assert!(text.contains("# TYPE decide_batch_requests histogram"));
+    assert!(text.contains("decide_queue_depth 0\n"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batching_off_runs_one_request_per_forward_pass() {
+    let (app, state) = app_with(ServerConfig {
+        max_batch_requests: 1,
+        ..ServerConfig::default()
+    });
+    let mut calls = Vec::new();
+    for i in 0..8 {
+        let app = app.clone();
+        calls.push(tokio::spawn(async move {
+            post(&app, "/v1/systemone", json!({"state": format!("message {i}"), "questions": {"q": {"type": "noul", "instructions": "Is it a greeting?"}}})).await
+        }));
+    }
+    for c in calls {
+        assert_eq!(c.await.unwrap().0, StatusCode::OK);
+    }
+    assert_eq!(state.metrics().max_batch_requests(), 1);
+    assert_eq!(state.metrics().batches(), 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_and_health() {
+    let app = app();
+    let (status, _, bytes) = call(&app, "GET", "/v1/models", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let got: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(got["object"], "list");
+    assert_eq!(got["data"][0]["id"], engine().info().name.as_str());
+    let (status, _, bytes) = call(&app, "GET", "/health", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let got: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(got["status"], "ok");
+}

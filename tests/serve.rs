@@ -1,0 +1,224 @@
+//! `decide serve` end to end: the binary on a free port, queried over HTTP in both wire
+//! formats (through `HttpDecisionModel`, the Rust client), compared with the embedded engine,
+//! then stopped with SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use decide_contract::{ChoiceQuestion, DecisionModel, DecisionRequest, YesNoQuestion};
+use decide_engine::Engine;
+use decide_http::{HttpDecisionModel, WireFormat};
+
+struct Server {
+    child: Child,
+    base: String,
+    stderr: BufReader<std::process::ChildStderr>,
+}
+
+/// A failed test must not leave a server running.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().expect("piped"));
+        let mut server = Self {
+            child,
+            base: String::new(),
+            stderr,
+        };
+        // The model loads, then the server prints where it listens.
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let read = server.stderr.read_line(&mut line).unwrap();
+            assert!(read > 0, "decide serve exited before listening");
+            if let Some(at) = line.find("listening on ") {
+                server.base = line[at + "listening on ".len()..].trim().to_string();
+                return server;
+            }
+        }
+    }
+
+    fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let status = self.child.wait().unwrap();
+        let mut rest = String::new();
+        self.stderr.read_to_string(&mut rest).unwrap();
+        (status, rest)
+    }
+}
+
+/// A bare HTTP/1.1 GET: the status line and the body.
+fn get(base: &str, path: &str) -> (String, String) {
+    let host = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.lines().next().unwrap_or_default().to_string();
+    let body = response
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (status, body)
+}
+
+fn request() -> DecisionRequest {
+    DecisionRequest::builder()
+        .input("Please cancel my subscription, I am moving abroad")
+        .question(
+            "cancel",
+            YesNoQuestion::new("Does the user want to cancel?").unwrap(),
+        )
+        .question(
+            "tool",
+            YesNoQuestion::builder("Is the tool needed?")
+                .candidate("cancel_subscription", "Cancel a customer's subscription")
+                .build()
+                .unwrap(),
+        )
+        .question(
+            "intent",
+            ChoiceQuestion::builder("What does the user want?")
+                .option_with_description("cancel", "End the subscription")
+                .option_with_description("upgrade", "A bigger plan")
+                .option("support")
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn serve_answers_both_formats_like_the_engine_and_stops_on_sigterm() {
+    let mut server = Server::start(&[]);
+    let (status, body) = get(&server.base, "/health");
+    assert!(status.contains("200"), "{status}");
+    assert!(body.contains("\"status\":\"ok\""), "{body}");
+
+    let engine = Engine::builder().build().expect("run models/fetch first");
+    let expected = engine.decide(&request()).unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6;
+
+    // System One carries the candidate as a criterion: every answer equals the engine's.
+    let remote = HttpDecisionModel::builder(&server.base)
+        .format(WireFormat::SystemOne)
+        .build();
+    let got = remote.decide(&request()).unwrap();
+    assert_eq!(got.model_name(), Some(engine.info().name.as_str()));
+    for name in ["cancel", "tool"] {
+        let (a, b) = (
+            got.yes_no(name).unwrap().probability(),
+            expected.yes_no(name).unwrap().probability(),
+        );
+        assert!(close(a, b), "{name}: {a} vs {b}");
+    }
+    let (a, b) = (
+        got.choice("intent").unwrap(),
+        expected.choice("intent").unwrap(),
+    );
+    assert_eq!(a.value(), b.value());
+    for option in ["cancel", "upgrade", "support"] {
+        assert!(close(
+            a.probability_of(option).unwrap(),
+            b.probability_of(option).unwrap()
+        ));
+    }
+
+    // The OpenAI format has no slot for a candidate; the plain questions still match.
+    let remote = HttpDecisionModel::builder(&server.base)
+        .format(WireFormat::OpenAiDecisions)
+        .build();
+    let got = remote.decide(&request()).unwrap();
+    let (a, b) = (
+        got.yes_no("cancel").unwrap().probability(),
+        expected.yes_no("cancel").unwrap().probability(),
+    );
+    assert!(close(a, b), "{a} vs {b}");
+    for option in ["cancel", "upgrade", "support"] {
+        assert!(close(
+            got.choice("intent")
+                .unwrap()
+                .probability_of(option)
+                .unwrap(),
+            expected
+                .choice("intent")
+                .unwrap()
+                .probability_of(option)
+                .unwrap()
+        ));
+    }
+    assert!(got.yes_no("tool").is_ok());
+
+    let (status, text) = get(&server.base, "/metrics");
+    assert!(status.contains("200"));
+    assert!(
+        text.contains("decide_requests_total{endpoint=\"/v1/systemone\",status=\"200\"} 1"),
+        "{text}"
+    );
+
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status}: {rest}");
+    assert!(rest.contains("decide serve: stopped"), "{rest}");
+}
+
+#[test]
+fn serve_with_an_api_key_refuses_other_keys() {
+    let mut server = Server::start(&["--api-key", "k3y"]);
+    let err = HttpDecisionModel::builder(&server.base)
+        .build()
+        .decide(&request())
+        .unwrap_err();
+    assert!(err.to_string().contains("HTTP 401"), "{err}");
+    let ok = HttpDecisionModel::builder(&server.base)
+        .api_key("k3y")
+        .build()
+        .decide(&request());
+    assert!(ok.is_ok(), "{ok:?}");
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status}: {rest}");
+}
+
+#[test]
+fn serve_rejects_bad_options_in_one_line() {
+    let out = Command::new(env!("CARGO_BIN_EXE_decide"))
+        .args(["serve", "--addr", "not-an-address"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: --addr not-an-address"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
