@@ -1,70 +1,133 @@
 #!/usr/bin/env python3
-"""Side-by-side throughput of decide (candle) and sentence-transformers (torch) in one run.
+"""Side-by-side throughput of decide (candle) and sentence-transformers (torch), interleaved.
 
-Runs the criterion benchmark `benches/scoring.rs` (forward passes of the default model) and
-then `benches/peer_sentence_transformers.py` on the same grid (batch 1, 8, 32, 128 x 64, 128,
-256 tokens), one after the other on an otherwise idle machine, and prints a markdown table of
-sequences per second (medians) with the ratio decide / peer for each.
+Runs, for each of ``--rounds`` rounds, ``decide bench --json`` with the fused CPU kernels,
+``decide bench --json --kernels stock`` (candle's own ops; skip with ``--no-stock``) and
+``benches/peer_sentence_transformers.py`` (torch float32 and bfloat16) on the same grid of batch
+sizes × sequence lengths, in a rotating order, so that all of them see the same load on a
+shared machine. Prints a markdown table of sequences per second (the median over rounds of each
+round's median) with the spread over rounds, and the ratios decide / peer; then decide's
+decision latency (10 messages, 100 and 1000 cached tools).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benches/compare.py [--skip-rust] [--skip-peer]
+    HF_HUB_OFFLINE=1 .venv/bin/python benches/compare.py [--rounds 3] [--batches 1,8,32] \\
+        [--tokens 64,128,256] [--decide target/release/decide] [--out target/compare.json]
 
-Needs `models/fetch` and the Python environment of
-crates/decide-engine/fixtures/requirements.txt.
+Needs `cargo build --release -p decide-cli`, `models/fetch` and the Python environment of
+crates/decide-engine/fixtures/requirements.txt. All raw results go to ``--out`` as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CRITERION = ROOT / "target" / "criterion"
-PEER_OUT = ROOT / "target" / "peer_sentence_transformers.jsonl"
 
 
-def rust_median_s(tokens: int, batch: int) -> float | None:
-    est = CRITERION / f"forward_{tokens}-tokens" / str(batch) / "new" / "estimates.json"
-    if not est.is_file():
-        return None
-    return json.loads(est.read_text())["median"]["point_estimate"] / 1e9
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_decide(args, kernels: str, decisions: bool) -> dict:
+    cmd = [args.decide, "bench", "--json", "--no-progress", "--kernels", kernels,
+           "--batch-sizes", args.batches, "--seq-lens", args.tokens,
+           "--reps", str(args.reps), "--min-time-s", str(args.min_time_s),
+           "--decision-tools", "100,1000" if decisions else ""]
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout)
+
+
+def run_peer(args) -> list[dict]:
+    cmd = [sys.executable, str(ROOT / "benches" / "peer_sentence_transformers.py"),
+           str(ROOT / "models" / "all-MiniLM-L6-v2"), "--threads", str(args.threads),
+           "--batches", args.batches, "--tokens", args.tokens, "--budget-s", str(args.peer_budget_s),
+           "--min-reps", str(args.reps)]
+    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return ""
+    return f" ({min(values):.1f}–{max(values):.1f})"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--skip-rust", action="store_true", help="reuse target/criterion results")
-    ap.add_argument("--skip-peer", action="store_true", help=f"reuse {PEER_OUT.relative_to(ROOT)}")
-    ap.add_argument("--budget-s", default="120", help="time budget of the peer run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--tokens", default="64,128,256")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3, help="timed calls per cell, at least")
+    ap.add_argument("--min-time-s", type=float, default=0.5, help="decide: seconds per cell")
+    ap.add_argument("--peer-budget-s", type=float, default=40.0, help="peer: seconds per round")
+    ap.add_argument("--no-stock", action="store_true", help="skip candle's stock ops")
+    ap.add_argument("--decide", default=str(ROOT / "target" / "release" / "decide"))
+    ap.add_argument("--out", default=str(ROOT / "target" / "compare.json"))
     args = ap.parse_args()
-    if not args.skip_rust:
-        subprocess.run(
-            ["cargo", "bench", "-p", "decide-engine", "--bench", "scoring", "--", "forward"],
-            cwd=ROOT, check=True)
-    if not args.skip_peer:
-        with PEER_OUT.open("w") as out:
-            subprocess.run(
-                [sys.executable, str(ROOT / "benches" / "peer_sentence_transformers.py"),
-                 str(ROOT / "models" / "all-MiniLM-L6-v2"), "--threads", "2",
-                 "--budget-s", args.budget_s],
-                cwd=ROOT, check=True, stdout=out)
-    peer = {}
-    for line in PEER_OUT.read_text().splitlines():
-        r = json.loads(line)
-        peer[(r["dtype"], r["batch"], r["tokens"])] = r["median_s"]
-    print("| batch | tokens | decide seq/s | torch f32 seq/s | ratio | torch bf16 seq/s | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for tokens in (64, 128, 256):
-        for batch in (1, 8, 32, 128):
-            ours = rust_median_s(tokens, batch)
-            f32 = peer.get(("float32", batch, tokens))
-            bf16 = peer.get(("bfloat16", batch, tokens))
-            if ours is None or f32 is None:
-                continue
-            row = [batch, tokens, f"{batch / ours:.1f}", f"{batch / f32:.1f}", f"{f32 / ours:.2f}x"]
-            row += [f"{batch / bf16:.1f}", f"{bf16 / ours:.2f}x"] if bf16 else ["-", "-"]
-            print("| " + " | ".join(str(c) for c in row) + " |")
+
+    runs = {"fused": [], "stock": [], "peer": []}
+    kinds = ["fused", "peer"] + ([] if args.no_stock else ["stock"])
+    started = time.time()
+    for r in range(args.rounds):
+        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+        for kind in order:
+            t0 = time.time()
+            load = os.getloadavg()[0]
+            if kind == "peer":
+                runs["peer"].append(run_peer(args))
+            else:
+                runs[kind].append(run_decide(args, "auto" if kind == "fused" else "stock",
+                                             decisions=kind == "fused"))
+            log(f"round {r + 1}/{args.rounds} {kind:>5}: {time.time() - t0:6.1f} s "
+                f"(load average before {load:.2f}, after {os.getloadavg()[0]:.2f})")
+    Path(args.out).write_text(json.dumps(runs))
+
+    def ours(kind: str, batch: int, tokens: int) -> list[float]:
+        return [c["pairs_per_s"] for run in runs[kind] for c in run["cells"]
+                if (c["batch"], c["tokens"]) == (batch, tokens)]
+
+    def peer(dtype: str, batch: int, tokens: int) -> list[float]:
+        return [row["seqs_per_s"] for run in runs["peer"] for row in run
+                if (row["dtype"], row["batch"], row["tokens"]) == (dtype, batch, tokens)]
+
+    first = runs["fused"][0]
+    print(f"decide: {first['model']}, kernels {first['kernels']}, {first['threads']} threads, "
+          f"matmul peak {statistics.median(r['matmul_peak_gflops'] for r in runs['fused']):.0f} "
+          f"GFLOP/s; {args.rounds} interleaved rounds, {time.time() - started:.0f} s; "
+          "seq/s = median over rounds (min–max of the rounds)")
+    print()
+    print("| batch | tokens | decide fused | candle stock | torch f32 | torch bf16 "
+          "| fused / stock | fused / torch f32 | fused / torch bf16 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for tokens in map(int, args.tokens.split(",")):
+        for batch in map(int, args.batches.split(",")):
+            f = ours("fused", batch, tokens)
+            s = ours("stock", batch, tokens)
+            t32 = peer("float32", batch, tokens)
+            t16 = peer("bfloat16", batch, tokens)
+            med = lambda v: statistics.median(v) if v else None  # noqa: E731
+            cells = [f"{med(v):.1f}{spread(v)}" if v else "-" for v in (f, s, t32, t16)]
+            ratios = [f"{med(f) / med(v):.2f}x" if v and f else "-" for v in (s, t32, t16)]
+            print(f"| {batch} | {tokens} | " + " | ".join(cells + ratios) + " |")
+    print()
+    print("| decision | tools | median ms | p95 ms |")
+    print("|---|---:|---:|---:|")
+    for tools in (100, 1000):
+        meds = [d["median_ms"] for run in runs["fused"] for d in run["decisions"]
+                if d["tools"] == tools]
+        p95s = [d["p95_ms"] for run in runs["fused"] for d in run["decisions"]
+                if d["tools"] == tools]
+        if meds:
+            print(f"| 10 messages | {tools} | {statistics.median(meds):.1f}{spread(meds)} "
+                  f"| {statistics.median(p95s):.1f} |")
 
 
 if __name__ == "__main__":

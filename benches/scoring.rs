@@ -3,18 +3,24 @@
 //! for sentence-transformers, so the two can be compared side by side in one run.
 //!
 //! `cargo bench -p decide-engine --bench scoring` (after `models/fetch`). Set
-//! `DECIDE_BENCH_DEVICE=cuda` to measure a GPU build.
+//! `DECIDE_BENCH_DEVICE=cuda` to measure a GPU build, `DECIDE_BENCH_KERNELS=stock` to measure
+//! candle's own ops instead of the fused CPU kernels (`auto`, `avx2`, `portable`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use decide_engine::{DeviceSpec, Engine};
+use decide_engine::{CpuKernels, DeviceSpec, Engine};
 
 fn scoring(c: &mut Criterion) {
     let device: DeviceSpec = std::env::var("DECIDE_BENCH_DEVICE")
         .unwrap_or_else(|_| "cpu".into())
         .parse()
         .expect("DECIDE_BENCH_DEVICE");
+    let kernels: CpuKernels = std::env::var("DECIDE_BENCH_KERNELS")
+        .unwrap_or_else(|_| "auto".into())
+        .parse()
+        .expect("DECIDE_BENCH_KERNELS");
     let engine = Engine::builder()
         .device(device)
+        .cpu_kernels(kernels)
         // The whole batch in one forward pass: the batch size is what is measured.
         .max_batch_tokens(1 << 20)
         .build()

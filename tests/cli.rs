@@ -697,16 +697,20 @@ fn calibrate_fits_on_labelled_cases_and_refuses_duplicates() {
     let a = r#"{"id":"a","messages":[{"role":"user","content":"will it snow in Oslo?"}],"expected":["get_forecast"]}"#;
     let b = r#"{"id":"b","messages":[{"role":"user","content":"mail the notes to Bob"}],"expected":["send_email"]}"#;
     let data = t.file("cases.jsonl", format!("{a}\n{b}\n"));
+    // --dry-run: the shipped manifest must not change under the tests.
     let o = decide(&[
         "calibrate",
         "--data",
         &data,
         "--tools",
         "examples/tools-openai.json",
+        "--dry-run",
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert!(v["written"].is_null(), "{v}");
+    assert!(v["ece_before"].as_f64().is_some() && v["ece"].as_f64().is_some(), "{v}");
     assert_eq!(v["pairs"], 10);
     assert_eq!(v["positives"], 2);
     assert!(v["a"].as_f64().unwrap() > 0.0, "{v}");
@@ -728,4 +732,265 @@ fn calibrate_fits_on_labelled_cases_and_refuses_duplicates() {
         "examples/tools-openai.json",
     ]);
     assert_one_line_error(&o, "empty.jsonl: no cases");
+}
+
+/// A copy of the default model whose manifest may be rewritten: the weights are linked, the
+/// manifest copied.
+fn scratch_model(t: &TempDir) -> String {
+    let src = root().join("models/all-MiniLM-L6-v2");
+    let dir = t.0.join("model");
+    copy_linked(&src, &dir);
+    std::fs::remove_file(dir.join("manifest.toml")).unwrap();
+    std::fs::copy(src.join("manifest.toml"), dir.join("manifest.toml")).unwrap();
+    dir.to_str().unwrap().to_string()
+}
+
+fn copy_linked(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_linked(&entry.path(), &to);
+        } else {
+            std::os::unix::fs::symlink(entry.path().canonicalize().unwrap(), &to).unwrap();
+        }
+    }
+}
+
+#[test]
+fn calibrate_writes_the_manifest_and_draws_the_reliability_plot() {
+    let t = TempDir::new("calibrate-write");
+    let model = scratch_model(&t);
+    let plot = t.0.join("reliability.png");
+    let o = decide(&[
+        "--model",
+        &model,
+        "--lexical-weight",
+        "0.5",
+        "calibrate",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--tools",
+        "examples/tools.json",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("before: a = ") && out.contains("after:  a = "), "{out}");
+    assert!(out.contains("written to "), "{out}");
+    let png = std::fs::read(&plot).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+    let manifest = std::fs::read_to_string(Path::new(&model).join("manifest.toml")).unwrap();
+    let v: toml::Value = toml::from_str(&manifest).unwrap();
+    assert_eq!(v["scoring"]["lexical_weight"].as_float(), Some(0.5), "{manifest}");
+    let a = v["calibration"]["a"].as_float().unwrap();
+    assert!(a > 1.0 && a < 50.0, "{manifest}");
+    // The rest of the manifest is untouched: the file hashes still verify.
+    assert!(manifest.contains("[files]") && manifest.contains("\"model.safetensors\" = "));
+    // The model loads with the new fit and selects with it.
+    let o = decide(&[
+        "--model",
+        &model,
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--json",
+        "Will it rain in Paris tomorrow?",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A catalogue count that matches neither one nor every --data is refused before loading.
+    let o = decide(&[
+        "calibrate",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--tools",
+        "examples/tools.json",
+        "--tools",
+        "examples/tools.json",
+        "--dry-run",
+    ]);
+    assert_one_line_error(&o, "--tools: give one catalogue for all --data or one per --data");
+}
+
+#[test]
+fn bm25_needs_no_model_files_and_selects_by_words() {
+    let o = decide(&[
+        "--model",
+        "bm25",
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--json",
+        "send an email to anna",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let best = v["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by(|a, b| {
+            a["probability"]
+                .as_f64()
+                .partial_cmp(&b["probability"].as_f64())
+                .unwrap()
+        })
+        .unwrap();
+    assert_eq!(best["name"], "send_email", "{v}");
+    let o = decide(&[
+        "--model",
+        "bm25",
+        "eval",
+        "--data",
+        "crates/decide-eval/data/own/tune.jsonl",
+        "--tools",
+        "crates/decide-eval/data/own/catalogue.json",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["model"], "bm25");
+    let mrr = v["mrr"].as_f64().unwrap();
+    assert!(mrr > 0.3 && mrr <= 1.0, "{v}");
+}
+
+#[test]
+fn bench_measures_every_cell_and_the_decisions() {
+    let o = decide(&[
+        "bench",
+        "--batch-sizes",
+        "1,3",
+        "--seq-lens",
+        "8,21",
+        "--decision-tools",
+        "5",
+        "--reps",
+        "2",
+        "--min-time-s",
+        "0",
+        "--json",
+        "--no-progress",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["kernels"].as_str().unwrap().starts_with("fused-"), "{v}");
+    assert!(v["matmul_peak_gflops"].as_f64().unwrap() > 0.0);
+    let cells = v["cells"].as_array().unwrap();
+    let grid: Vec<(u64, u64)> = cells
+        .iter()
+        .map(|c| (c["batch"].as_u64().unwrap(), c["tokens"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(grid, [(1, 8), (3, 8), (1, 21), (3, 21)]);
+    for c in cells {
+        let median = c["median_ms"].as_f64().unwrap();
+        assert!(
+            median > 0.0 && c["p95_ms"].as_f64().unwrap() >= median,
+            "{c}"
+        );
+        let pairs = c["pairs_per_s"].as_f64().unwrap();
+        let expected = c["batch"].as_f64().unwrap() / (median / 1e3);
+        assert!((pairs - expected).abs() <= 1e-6 * expected, "{c}");
+        assert_eq!(c["reps"].as_u64(), Some(2));
+    }
+    let d = &v["decisions"][0];
+    assert_eq!(
+        (d["tools"].as_u64(), d["messages"].as_u64()),
+        (Some(5), Some(10))
+    );
+
+    let table = decide(&[
+        "bench",
+        "--batch-sizes",
+        "2",
+        "--seq-lens",
+        "8",
+        "--decision-tools",
+        "",
+        "--reps",
+        "1",
+        "--min-time-s",
+        "0",
+        "--kernels",
+        "stock",
+        "--no-progress",
+    ]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    assert!(text.contains("kernels stock"), "{text}");
+    assert!(text.contains("pairs/s"), "{text}");
+}
+
+#[test]
+fn bench_refuses_bad_grids() {
+    let o = decide(&["bench", "--seq-lens", "1"]);
+    assert_one_line_error(&o, "--seq-lens");
+    let o = decide(&["bench", "--seq-lens", "4096", "--decision-tools", ""]);
+    assert_one_line_error(&o, "longer than the model's 256 tokens");
+    let o = decide(&["bench", "--kernels", "amx"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("expected auto, avx2, portable or stock"));
+    let o = decide(&["bench", "--precision", "bf16"]);
+    assert_one_line_error(&o, "bf16 is not available on the cpu");
+}
+
+#[test]
+fn rerank_rescores_only_the_shortlist() {
+    let probabilities = |extra: &[&str]| -> Vec<(String, f64)> {
+        let mut args = extra.to_vec();
+        args.extend([
+            "select",
+            "--tools",
+            "examples/tools.json",
+            "--json",
+            "Will it rain in Paris tomorrow?",
+        ]);
+        let o = decide(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        v["scores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["name"].as_str().unwrap().to_string(),
+                    s["probability"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let plain = probabilities(&[]);
+    let cascade = probabilities(&[
+        "--rerank",
+        "crates/decide-engine/fixtures/tiny-bert-1",
+        "--rerank-top",
+        "2",
+    ]);
+    let mut ranked = plain.clone();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let top: Vec<&String> = ranked.iter().take(2).map(|(n, _)| n).collect();
+    let mut changed = 0;
+    for ((name, p), (_, q)) in plain.iter().zip(&cascade) {
+        if top.contains(&name) {
+            changed += usize::from((p - q).abs() > 1e-9);
+        } else {
+            assert!((p - q).abs() < 1e-12, "{name}: {p} vs {q}");
+        }
+    }
+    assert!(changed > 0, "the rescorer answered none of {top:?}");
+    let o = decide(&[
+        "--rerank",
+        "no-such-model",
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "hello",
+    ]);
+    assert_one_line_error(&o, "--rerank no-such-model");
 }

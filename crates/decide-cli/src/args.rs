@@ -24,12 +24,24 @@ pub struct Global {
     /// Device: cpu, cuda, cuda:N, metal or auto.
     #[arg(long, global = true, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceSpec,
-    /// Precision: f32, or f16 / bf16 on GPUs.
-    #[arg(long, global = true, default_value = "f32", value_parser = parse_precision)]
+    /// Precision: f32, auto (the fastest that keeps the accuracy targets: f32 today), or
+    /// f16 / bf16 on GPUs. `--precision` is the same option.
+    #[arg(long, visible_alias = "precision", global = true, default_value = "f32", value_parser = parse_precision)]
     pub dtype: Precision,
     /// Token budget of one forward pass (rows × longest row).
     #[arg(long, global = true, default_value_t = DEFAULT_MAX_BATCH_TOKENS)]
     pub max_batch_tokens: usize,
+    /// Weight of BM25 in hybrid scoring (default: the model's manifest; 0 = the model alone).
+    /// The calibration is fitted for the manifest's weight.
+    #[arg(long, global = true, value_name = "W")]
+    pub lexical_weight: Option<f64>,
+    /// A second model (typically a cross-encoder) that rescores the --rerank-top most probable
+    /// tools of --model: a cascade.
+    #[arg(long, global = true, value_name = "MODEL")]
+    pub rerank: Option<String>,
+    /// How many tools the --rerank model rescores.
+    #[arg(long, global = true, value_name = "K", default_value_t = decide_engine::DEFAULT_TOP_K)]
+    pub rerank_top: usize,
 }
 
 fn parse_device(s: &str) -> Result<DeviceSpec, String> {
@@ -45,13 +57,39 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
 impl Global {
     /// Loads the engine these options name.
     pub fn engine(&self, allow_uncalibrated: bool) -> anyhow::Result<Engine> {
-        Ok(Engine::builder()
+        if self.model == decide_engine::BM25_MODEL_NAME {
+            anyhow::bail!("--model bm25: this command needs a neural model");
+        }
+        let mut builder = Engine::builder();
+        if let Some(w) = self.lexical_weight {
+            builder = builder.lexical_weight(w);
+        }
+        Ok(builder
             .model(&self.model)
             .device(self.device)
             .precision(self.dtype)
             .max_batch_tokens(self.max_batch_tokens)
             .allow_uncalibrated(allow_uncalibrated)
             .build()?)
+    }
+
+    /// Loads the decision model these options name: the engine, or BM25 for `--model bm25`.
+    pub fn decider(&self, allow_uncalibrated: bool) -> anyhow::Result<crate::decider::Decider> {
+        let first = crate::decider::Decider::load(&self.model, || self.engine(allow_uncalibrated))?;
+        let Some(rerank) = &self.rerank else {
+            return Ok(first);
+        };
+        if self.rerank_top == 0 {
+            anyhow::bail!("--rerank-top: must be at least 1");
+        }
+        let second = crate::decider::Decider::load(rerank, || {
+            let mut other = self.clone();
+            other.model = rerank.clone();
+            other.lexical_weight = None;
+            other.engine(allow_uncalibrated)
+        })
+        .map_err(|e| anyhow::anyhow!("--rerank {rerank}: {e}"))?;
+        crate::decider::Decider::cascade(first, second, self.rerank_top)
     }
 }
 
@@ -70,6 +108,8 @@ pub enum Command {
     Route(RouteArgs),
     /// List, locate and download models.
     Models(ModelsArgs),
+    /// Measure scoring throughput over batch sizes × sequence lengths, and decision latency.
+    Bench(BenchArgs),
     /// Serve the OpenAI Decisions and System One APIs, /v1/select and /v1/route over HTTP, batching across requests.
     Serve(ServeArgs),
 }
@@ -165,9 +205,21 @@ pub struct CasesArgs {
 
 #[derive(Args, Debug)]
 pub struct CalibrateArgs {
-    #[command(flatten)]
-    pub cases: CasesArgs,
-    /// Print JSON instead of a manifest snippet.
+    /// Labelled cases, one JSON object a line: {"id", "messages", "tools"?, "expected"}; repeat
+    /// for several files.
+    #[arg(long, value_name = "FILE.jsonl", required = true)]
+    pub data: Vec<PathBuf>,
+    /// A tool catalogue for lines that have no "tools": one for every --data, or one per
+    /// --data in the same order.
+    #[arg(long, value_name = "CATALOGUE.json")]
+    pub tools: Vec<PathBuf>,
+    /// Print the fit without writing it to the model's manifest.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Draw a reliability plot (PNG) of the probabilities before and after the fit.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -205,6 +257,44 @@ pub enum ModelsCommand {
         /// A known name or a Hugging Face id.
         name: String,
     },
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Rows per forward pass (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+    pub batch_sizes: Vec<usize>,
+    /// Tokens per row, special tokens included (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256")]
+    pub seq_lens: Vec<usize>,
+    /// Tool counts of the decision-latency runs (a 10-message conversation, tool embeddings
+    /// cached); empty to skip them.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    pub decision_tools: Vec<usize>,
+    /// Which code runs the encoder on the CPU: auto (fused kernels at the widest instruction set
+    /// detected), avx2, portable, or stock (candle's own ops, for comparison).
+    #[arg(long, default_value = "auto", value_parser = parse_kernels)]
+    pub kernels: decide_engine::CpuKernels,
+    /// Timed calls per cell, at least.
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Timed calls per cell, at most.
+    #[arg(long, default_value_t = 50)]
+    pub max_reps: usize,
+    /// Keep timing a cell until this many seconds have passed (within --max-reps).
+    #[arg(long, default_value_t = 1.0)]
+    pub min_time_s: f64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn parse_kernels(s: &str) -> Result<decide_engine::CpuKernels, String> {
+    s.parse()
+        .map_err(|e: decide_engine::EngineError| e.to_string())
 }
 
 #[derive(Args, Debug)]

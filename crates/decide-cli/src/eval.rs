@@ -21,7 +21,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         bail!("--max-results: not used by eval, which measures the selection at --min-probability (see recall@k for the top k)");
     }
     let reader = Cases::open(&args.cases)?;
-    let engine = global.engine(false)?;
+    let engine = global.decider(false)?;
     let bar = progress(reader.total, "evaluating");
     let mut cases = Vec::new();
     for next in reader {
@@ -70,7 +70,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     if args.json {
         let mut json = serde_json::to_value(&report)?;
         if let Some(map) = json.as_object_mut() {
-            map.insert("model".into(), engine.info().name.clone().into());
+            map.insert("model".into(), engine.name().into());
         }
         writeln!(out, "{json}")?;
         return Ok(());
@@ -84,8 +84,8 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         report.tool_cases,
         report.no_tool_cases,
         report.pairs,
-        engine.info().name,
-        engine.info().device
+        engine.name(),
+        engine.device()
     )?;
     for (metric, value) in table(&report) {
         writeln!(out, "  {metric:<40}{value:>10}")?;

@@ -2,10 +2,13 @@
 //! manage models, offline.
 
 mod args;
+mod bench;
 mod calibrate;
+mod decider;
 mod eval;
 mod input;
 mod models;
+mod plot;
 mod route;
 mod score;
 mod select;
@@ -55,6 +58,7 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
         args::Command::Eval(a) => eval::run(&cli.global, a),
         args::Command::Route(a) => route::run(&cli.global, a),
         args::Command::Models(a) => models::run(&cli.global, a),
+        args::Command::Bench(a) => bench::run(&cli.global, a),
         args::Command::Serve(a) => serve::run(&cli.global, a),
     }
 }

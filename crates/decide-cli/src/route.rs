@@ -5,7 +5,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
@@ -192,9 +191,9 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     };
     let request =
         ChatRequest::from_messages(messages).map_err(|_| anyhow!("{source}: no messages"))?;
-    let engine = global.engine(false)?;
+    let engine = global.decider(false)?;
     let mut builder = DecisionModelChatModelRouter::builder()
-        .decision_model(Arc::new(engine.clone()))
+        .decision_model(engine.decision_model())
         .max_messages(args.max_messages)
         // A command run to see the decision must show the model's error, not hide it behind the default route.
         .fallback(Fallback::Fail);
@@ -227,8 +226,8 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     writeln!(
         out,
         "route: {chosen} ({} on {}, {:.1} ms)",
-        engine.info().name,
-        engine.info().device,
+        engine.name(),
+        engine.device(),
         elapsed.as_secs_f64() * 1000.0
     )?;
     if let Some(note) = reason_note(&decision, args.min_probability) {

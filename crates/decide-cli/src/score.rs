@@ -28,7 +28,7 @@ pub fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
 
 pub fn run(global: &Global, args: ScoreArgs) -> anyhow::Result<()> {
     let reader = Cases::open(&args.cases)?;
-    let engine = global.engine(false)?;
+    let engine = global.decider(false)?;
     let bar = progress(reader.total, "scoring");
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use decide_chat::{ChatMessage, StaticToolProvider, ToolProviderRequest, ToolSpecification};
-use decide_engine::Engine;
+use crate::decider::Decider;
 use decide_filter::{FilteringToolProvider, Selection};
 use serde::Serialize;
 
@@ -26,13 +26,13 @@ pub struct Scored {
 
 /// The filter over a fixed list of tools, answered by `engine`.
 pub fn build_filter(
-    engine: &Engine,
+    engine: &Decider,
     tools: Vec<ToolSpecification>,
     args: &FilterArgs,
 ) -> anyhow::Result<FilteringToolProvider> {
     let mut builder = FilteringToolProvider::builder()
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(tools)))
-        .decision_model(Arc::new(engine.clone()))
+        .decision_model(engine.decision_model())
         .min_probability(args.min_probability)
         .max_messages(args.max_messages)
         .max_message_length(args.max_message_length)
@@ -95,7 +95,7 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         (None, Some(_)) => bail!("TEXT: empty message"),
         (None, None) => bail!("give the conversation with --messages FILE or as TEXT"),
     };
-    let engine = global.engine(false)?;
+    let engine = global.decider(false)?;
     let filter = build_filter(&engine, tools, &args.filter)?;
     let started = Instant::now();
     let (selection, scores) = select(&filter, &messages).with_context(|| match &args.messages {
@@ -119,8 +119,8 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         chosen.len(),
         scores.len(),
         args.filter.min_probability,
-        engine.info().name,
-        engine.info().device,
+        engine.name(),
+        engine.device(),
         elapsed.as_secs_f64() * 1000.0
     )?;
     if let Some(f) = &selection.fallback {

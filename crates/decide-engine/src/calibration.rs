@@ -43,6 +43,18 @@ impl Calibration {
         let hi = (positives + 1.0) / (positives + 2.0);
         let lo = 1.0 / (negatives + 2.0);
         let targets: Vec<f64> = labels.iter().map(|&l| if l { hi } else { lo }).collect();
+        // Cross-entropy against the smoothed targets, computed from the logit for stability.
+        let loss = |a: f64, b: f64| -> f64 {
+            scores
+                .iter()
+                .zip(&targets)
+                .map(|(s, t)| {
+                    let z = a * s + b;
+                    // log(1 + e^z) − t·z
+                    z.max(0.0) + (-z.abs()).exp().ln_1p() - t * z
+                })
+                .sum()
+        };
         let (mut a, mut b) = (0.0f64, ((positives + 1.0) / (negatives + 1.0)).ln());
         for _ in 0..100 {
             // Gradient and Hessian of the negative log-likelihood, with a tiny ridge so the
@@ -64,9 +76,16 @@ impl Calibration {
             }
             let da = (hbb * ga - hab * gb) / det;
             let db = (haa * gb - hab * ga) / det;
-            a -= da;
-            b -= db;
-            if da.abs() < 1e-10 && db.abs() < 1e-10 {
+            // A full Newton step can overshoot when many scores sit on one value (BM25's zeros):
+            // halve it until the loss goes down.
+            let current = loss(a, b);
+            let mut step = 1.0;
+            while step > 1e-10 && loss(a - step * da, b - step * db) > current {
+                step /= 2.0;
+            }
+            a -= step * da;
+            b -= step * db;
+            if (step * da).abs() < 1e-10 && (step * db).abs() < 1e-10 {
                 break;
             }
         }
@@ -129,5 +148,26 @@ mod tests {
         assert!(Calibration::fit(&[0.1], &[true, false]).is_none());
         let sep = Calibration::fit(&[0.0, 0.1, 0.9, 1.0], &[false, false, true, true]).unwrap();
         assert!(sep.a > 0.0 && sep.a.is_finite());
+    }
+
+    #[test]
+    fn fit_converges_when_most_scores_tie_at_zero() {
+        // BM25's shape: most pairs share no word with the query and score exactly 0.
+        let mut scores = vec![0.0; 4000];
+        let mut labels = vec![false; 4000];
+        for i in 0..200 {
+            let s = (i % 20) as f64 / 20.0;
+            scores.push(s);
+            labels.push(s > 0.4 || i % 7 == 0);
+        }
+        for _ in 0..40 {
+            scores.push(0.0);
+            labels.push(true);
+        }
+        let fit = Calibration::fit(&scores, &labels).unwrap();
+        assert!(fit.a > 0.0 && fit.a < 100.0, "{fit:?}");
+        // The tied mass at 0 is about 1% positive: the fit must say so there.
+        let p0 = fit.probability(0.0);
+        assert!(p0 > 0.002 && p0 < 0.05, "{fit:?} → P(0) = {p0}");
     }
 }

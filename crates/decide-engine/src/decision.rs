@@ -22,12 +22,12 @@ pub fn candidate_text(name: &str, description: &str) -> String {
 }
 
 /// Which documents a question needs, as indexes into the request's deduplicated documents.
-enum Plan {
+pub(crate) enum Plan {
     YesNo { yes: usize, no: Option<usize> },
     Options(Vec<usize>),
 }
 
-struct Documents(Vec<String>);
+pub(crate) struct Documents(pub(crate) Vec<String>);
 
 impl Documents {
     fn add(&mut self, text: String) -> usize {
@@ -41,7 +41,7 @@ impl Documents {
     }
 }
 
-fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
+pub(crate) fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
     let mut docs = Documents(Vec::new());
     let mut plans = Vec::new();
     for question in request.questions().values() {
@@ -139,18 +139,57 @@ fn argmax(v: &[f64]) -> usize {
         .0
 }
 
+/// The raw score behind each yes/no question of `request`: its document's, or with both
+/// criteria the difference of the two.
+pub(crate) fn yes_no_raw(
+    request: &DecisionRequest,
+    plans: &[Plan],
+    raw: &[f64],
+) -> Result<Vec<(String, f64)>, DecisionError> {
+    request
+        .questions()
+        .keys()
+        .zip(plans)
+        .map(|(name, plan)| match plan {
+            Plan::YesNo { yes, no: None } => Ok((name.clone(), raw[*yes])),
+            Plan::YesNo { yes, no: Some(no) } => Ok((name.clone(), raw[*yes] - raw[*no])),
+            Plan::Options(_) => Err(DecisionError::UnsupportedFeature(format!(
+                "question '{name}' is not a yes/no question"
+            ))),
+        })
+        .collect()
+}
+
+/// The response to `request` from the raw scores of its documents.
+pub(crate) fn respond(
+    request: &DecisionRequest,
+    plans: &[Plan],
+    raw: &[f64],
+    calibration: Calibration,
+    model_name: &str,
+    tokens: usize,
+) -> Result<DecisionResponse, DecisionError> {
+    let mut response = DecisionResponse::builder()
+        .model_name(model_name.to_string())
+        .token_usage(TokenUsage::new(tokens as u64));
+    for ((name, question), plan) in request.questions().iter().zip(plans) {
+        response = response.answer(name.clone(), answer(question, plan, raw, calibration)?);
+    }
+    response.build()
+}
+
 impl Engine {
-    /// Every question's documents, scored in one batched call.
-    fn score_plans(
-        &self,
-        request: &DecisionRequest,
-    ) -> Result<(Vec<Plan>, crate::engine::Scores), DecisionError> {
-        let (docs, plans) = plan(request);
-        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
-        let scores = self
-            .score_input(request.input(), &refs)
-            .map_err(DecisionError::from_model_error)?;
-        Ok((plans, scores))
+    /// Adds `lexical_weight ·` BM25 coverage of the input to each document's score (hybrid
+    /// scoring, see [`crate::lexical`]); nothing when the weight is zero.
+    fn add_lexical(&self, input: &decide_contract::DecisionInput, docs: &[&str], raw: &mut [f64]) {
+        let weight = self.lexical_weight();
+        if weight == 0.0 || docs.is_empty() {
+            return;
+        }
+        let coverage = crate::lexical::Bm25Index::new(docs).coverage(&crate::lexical::query_text(input));
+        for (s, c) in raw.iter_mut().zip(coverage) {
+            *s += weight * c;
+        }
     }
 
     /// The raw score behind each yes/no answer of `request`, in question order, before
@@ -161,21 +200,13 @@ impl Engine {
         &self,
         request: &DecisionRequest,
     ) -> Result<Vec<(String, f64)>, DecisionError> {
-        let (plans, scores) = self.score_plans(request)?;
-        request
-            .questions()
-            .keys()
-            .zip(&plans)
-            .map(|(name, plan)| match plan {
-                Plan::YesNo { yes, no: None } => Ok((name.clone(), scores.raw[*yes])),
-                Plan::YesNo { yes, no: Some(no) } => {
-                    Ok((name.clone(), scores.raw[*yes] - scores.raw[*no]))
-                }
-                Plan::Options(_) => Err(DecisionError::UnsupportedFeature(format!(
-                    "question '{name}' is not a yes/no question"
-                ))),
-            })
-            .collect()
+        let (docs, plans) = plan(request);
+        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
+        let mut scores = self
+            .score_input(request.input(), &refs)
+            .map_err(DecisionError::from_model_error)?;
+        self.add_lexical(request.input(), &refs, &mut scores.raw);
+        yes_no_raw(request, &plans, &scores.raw)
     }
 
     fn answer_request(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
@@ -191,10 +222,7 @@ impl Engine {
     /// tokenizes them with the input, without running the model. Run its rows
     /// ([`StagedDecision::take_rows`]), alone or with other requests' rows, through
     /// [`forward_rows`](Self::forward_rows), then [`StagedDecision::finish`] it.
-    pub fn stage_decision(
-        &self,
-        request: &DecisionRequest,
-    ) -> Result<StagedDecision, DecisionError> {
+    pub fn stage_decision(&self, request: &DecisionRequest) -> Result<StagedDecision, DecisionError> {
         // An engine holds one model: a request for another must fail, not be answered by this one.
         if let Some(asked) = request.model_name() {
             let info = self.info();
@@ -213,11 +241,14 @@ impl Engine {
         let scores = self
             .stage_input(request.input(), &refs)
             .map_err(DecisionError::from_model_error)?;
+        let mut lexical = vec![0.0; refs.len()];
+        self.add_lexical(request.input(), &refs, &mut lexical);
         Ok(StagedDecision {
             engine: self.clone(),
             request: request.clone(),
             plans,
             scores,
+            lexical,
             calibration,
         })
     }
@@ -229,6 +260,8 @@ pub struct StagedDecision {
     request: DecisionRequest,
     plans: Vec<Plan>,
     scores: StagedScores,
+    /// The weighted lexical score of each document, added to the model's before calibration.
+    lexical: Vec<f64>,
     calibration: Calibration,
 }
 
@@ -247,19 +280,20 @@ impl StagedDecision {
     /// The answers, from the outputs of the staged rows (in the order they were taken).
     pub fn finish(self, outputs: Vec<Vec<f32>>) -> Result<DecisionResponse, DecisionError> {
         let engine = self.engine;
-        let scores = engine
+        let mut scores = engine
             .finish_scores(self.scores, outputs)
             .map_err(DecisionError::from_model_error)?;
-        let mut response = DecisionResponse::builder()
-            .model_name(engine.info().name.clone())
-            .token_usage(TokenUsage::new(scores.tokens as u64));
-        for ((name, question), plan) in self.request.questions().iter().zip(&self.plans) {
-            response = response.answer(
-                name.clone(),
-                answer(question, plan, &scores.raw, self.calibration)?,
-            );
+        for (s, l) in scores.raw.iter_mut().zip(&self.lexical) {
+            *s += l;
         }
-        response.build()
+        respond(
+            &self.request,
+            &self.plans,
+            &scores.raw,
+            self.calibration,
+            &engine.info().name,
+            scores.tokens,
+        )
     }
 }
 

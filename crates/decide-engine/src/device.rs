@@ -100,6 +100,44 @@ pub enum Precision {
     F16,
     /// bfloat16 (GPUs).
     Bf16,
+    /// The fastest precision that keeps the accuracy targets on this device: today f32
+    /// everywhere (on the CPU with the fused kernels, see [`CpuKernels`]).
+    Auto,
+}
+
+/// Which code runs the encoder on the CPU (f32). Other devices always run candle's ops.
+///
+/// The fused kernels are chosen at load time: the instruction set comes from run-time CPU
+/// detection and is never above what the CPU supports; the variants below only lower it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuKernels {
+    /// The fused kernels at the widest instruction set this CPU has (AVX-512, AVX2+FMA or
+    /// baseline): the default.
+    #[default]
+    Auto,
+    /// The fused kernels at most at AVX2+FMA.
+    Avx2,
+    /// The fused kernels in baseline code only: what a CPU without AVX2 runs.
+    Portable,
+    /// candle's own ops, one per step: the reference path the fused kernels are tested against.
+    Stock,
+}
+
+impl FromStr for CpuKernels {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "fused" => Ok(CpuKernels::Auto),
+            "avx2" => Ok(CpuKernels::Avx2),
+            "portable" => Ok(CpuKernels::Portable),
+            "stock" | "candle" => Ok(CpuKernels::Stock),
+            _ => Err(EngineError::InvalidOption {
+                option: "kernels",
+                message: format!("'{s}': expected auto, avx2, portable or stock"),
+            }),
+        }
+    }
 }
 
 impl FromStr for Precision {
@@ -110,9 +148,10 @@ impl FromStr for Precision {
             "f32" | "float32" => Ok(Precision::F32),
             "f16" | "float16" | "half" => Ok(Precision::F16),
             "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            "auto" => Ok(Precision::Auto),
             _ => Err(EngineError::InvalidOption {
                 option: "dtype",
-                message: format!("'{s}': expected f32, f16 or bf16"),
+                message: format!("'{s}': expected f32, f16, bf16 or auto"),
             }),
         }
     }
@@ -120,15 +159,18 @@ impl FromStr for Precision {
 
 impl Precision {
     /// The candle dtype, checked against the device: candle's CPU backend has no fast
-    /// half-precision kernels, so f16 and bf16 there would be slower than f32, not faster.
+    /// half-precision kernels, so f16 and bf16 there would be slower than f32, not faster. The
+    /// fused CPU kernels are f32 too: without AMX, an AVX512-BF16 dot product (`vdpbf16ps`)
+    /// measured at 70% of the f32 FMA rate per core on our Xeons, so a bf16 linear layer would
+    /// not beat the f32 one (see `/work/shared/reference/cpu-perf.md` and the issue's notes).
     pub fn dtype_for(self, device: &Device) -> Result<DType> {
         match (self, device) {
-            (Precision::F32, _) => Ok(DType::F32),
+            (Precision::F32 | Precision::Auto, _) => Ok(DType::F32),
             (_, Device::Cpu) => Err(EngineError::InvalidOption {
                 option: "dtype",
                 message: format!(
-                    "{} is not available on the cpu (candle has no fast half-precision CPU \
-                     kernels); use f32",
+                    "{} is not available on the cpu (no half-precision CPU kernel is faster than \
+                     f32 there); use f32 or auto",
                     self.name()
                 ),
             }),
@@ -143,6 +185,7 @@ impl Precision {
             Precision::F32 => "f32",
             Precision::F16 => "f16",
             Precision::Bf16 => "bf16",
+            Precision::Auto => "auto",
         }
     }
 }
@@ -200,5 +243,22 @@ mod tests {
             .to_string();
         assert!(err.contains("bf16 is not available on the cpu"), "{err}");
         assert!("fp8".parse::<Precision>().is_err());
+        assert_eq!("auto".parse::<Precision>().unwrap(), Precision::Auto);
+        assert_eq!(Precision::Auto.dtype_for(&Device::Cpu).unwrap(), DType::F32);
+    }
+
+    #[test]
+    fn parses_cpu_kernels() {
+        assert_eq!("stock".parse::<CpuKernels>().unwrap(), CpuKernels::Stock);
+        assert_eq!("AUTO".parse::<CpuKernels>().unwrap(), CpuKernels::Auto);
+        assert_eq!(
+            "portable".parse::<CpuKernels>().unwrap(),
+            CpuKernels::Portable
+        );
+        let err = "amx".parse::<CpuKernels>().unwrap_err().to_string();
+        assert!(
+            err.contains("expected auto, avx2, portable or stock"),
+            "{err}"
+        );
     }
 }

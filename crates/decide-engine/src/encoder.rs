@@ -9,6 +9,40 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::config::{Activation, EncoderConfig, Family};
+use crate::kernels::{Epilogue, FusedAttention, FusedEmbeddings, FusedLinear, Isa, NormParams};
+
+/// Which code runs the encoder layers, chosen once at load time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CpuPath {
+    /// candle's own ops (any device, any dtype): the reference path and the fallback.
+    Stock,
+    /// The fused CPU kernels of [`crate::kernels`] at this instruction set (CPU, f32 only).
+    Fused(Isa),
+}
+
+impl CpuPath {
+    /// The path for a model on `device` in `dtype` with the requested kernels: the fused
+    /// kernels only run f32 on the CPU, at the detected instruction set capped by `kernels`;
+    /// everything else is candle's own ops.
+    pub(crate) fn choose(
+        kernels: crate::device::CpuKernels,
+        device: &Device,
+        dtype: DType,
+        detected: Isa,
+    ) -> CpuPath {
+        use crate::device::CpuKernels;
+        use crate::kernels::IsaCap;
+        if !matches!(device, Device::Cpu) || dtype != DType::F32 {
+            return CpuPath::Stock;
+        }
+        match kernels {
+            CpuKernels::Stock => CpuPath::Stock,
+            CpuKernels::Auto => CpuPath::Fused(detected.capped(IsaCap::Best)),
+            CpuKernels::Avx2 => CpuPath::Fused(detected.capped(IsaCap::Avx2)),
+            CpuKernels::Portable => CpuPath::Fused(detected.capped(IsaCap::Portable)),
+        }
+    }
+}
 
 /// How a bi-encoder turns token states into one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,14 +129,46 @@ impl Batch {
     }
 }
 
-struct Embeddings {
+enum Embeddings {
+    Stock(StockEmbeddings),
+    Fused(FusedEmbeddings),
+}
+
+impl Embeddings {
+    fn load(vb: VarBuilder, c: &EncoderConfig, path: CpuPath) -> candle_core::Result<Self> {
+        let stock = StockEmbeddings::load(vb, c)?;
+        Ok(match path {
+            CpuPath::Stock => Embeddings::Stock(stock),
+            CpuPath::Fused(isa) => Embeddings::Fused(FusedEmbeddings::new(
+                stock.words.embeddings(),
+                stock.types.embeddings(),
+                stock.positions.embeddings(),
+                NormParams::from_layer_norm(&stock.norm, c.layer_norm_eps)?,
+                isa,
+            )?),
+        })
+    }
+
+    fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        match self {
+            Embeddings::Stock(e) => e.forward(batch),
+            Embeddings::Fused(op) => {
+                batch
+                    .ids
+                    .apply_op3_no_bwd(&batch.type_ids, &batch.positions, op)
+            }
+        }
+    }
+}
+
+struct StockEmbeddings {
     words: Embedding,
     positions: Embedding,
     types: Embedding,
     norm: LayerNorm,
 }
 
-impl Embeddings {
+impl StockEmbeddings {
     fn load(vb: VarBuilder, c: &EncoderConfig) -> candle_core::Result<Self> {
         Ok(Self {
             words: embedding(c.vocab_size, c.hidden_size, vb.pp("word_embeddings"))?,
@@ -128,7 +194,72 @@ impl Embeddings {
     }
 }
 
-struct Layer {
+enum Layer {
+    Stock(StockLayer),
+    Fused(Box<FusedLayer>),
+}
+
+impl Layer {
+    fn load(vb: VarBuilder, c: &EncoderConfig, path: CpuPath) -> candle_core::Result<Self> {
+        let stock = StockLayer::load(vb, c)?;
+        Ok(match path {
+            CpuPath::Stock => Layer::Stock(stock),
+            CpuPath::Fused(isa) => Layer::Fused(Box::new(FusedLayer::new(&stock, c, isa)?)),
+        })
+    }
+
+    fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        match self {
+            Layer::Stock(l) => l.forward(x, bias),
+            Layer::Fused(l) => l.forward(x, bias),
+        }
+    }
+}
+
+/// A layer as five fused ops (see [`crate::kernels`]); the weights are copied out of the
+/// candle layer at load time, which is then dropped.
+struct FusedLayer {
+    qkv: FusedLinear,
+    attention: FusedAttention,
+    attn_out: FusedLinear,
+    up: FusedLinear,
+    down: FusedLinear,
+}
+
+impl FusedLayer {
+    fn new(l: &StockLayer, c: &EncoderConfig, isa: Isa) -> candle_core::Result<Self> {
+        let eps = c.layer_norm_eps;
+        Ok(Self {
+            qkv: FusedLinear::new(&l.qkv, Epilogue::None, isa)?,
+            attention: FusedAttention::new(l.heads, l.head_dim, isa),
+            attn_out: FusedLinear::new(
+                &l.attn_out,
+                Epilogue::ResidualNorm(NormParams::from_layer_norm(&l.attn_norm, eps)?),
+                isa,
+            )?,
+            up: FusedLinear::new(&l.up, Epilogue::Activation(l.activation), isa)?,
+            down: FusedLinear::new(
+                &l.down,
+                Epilogue::ResidualNorm(NormParams::from_layer_norm(&l.out_norm, eps)?),
+                isa,
+            )?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let x = x.contiguous()?;
+        let qkv = x.apply_op1_no_bwd(&self.qkv)?;
+        let ctx = match bias {
+            Some(bias) => qkv.apply_op2_no_bwd(&bias.contiguous()?, &self.attention)?,
+            None => qkv.apply_op1_no_bwd(&self.attention)?,
+        };
+        let x = ctx.apply_op2_no_bwd(&x, &self.attn_out)?;
+        let up = x.apply_op1_no_bwd(&self.up)?;
+        up.apply_op2_no_bwd(&x, &self.down)
+    }
+}
+
+struct StockLayer {
     /// Query, key and value projections fused into one matrix: one GEMM instead of three.
     qkv: Linear,
     attn_out: Linear,
@@ -141,7 +272,7 @@ struct Layer {
     activation: Activation,
 }
 
-impl Layer {
+impl StockLayer {
     fn load(vb: VarBuilder, c: &EncoderConfig) -> candle_core::Result<Self> {
         let h = c.hidden_size;
         let attn = vb.pp("attention");
@@ -221,6 +352,7 @@ pub(crate) struct Model {
     embeddings: Embeddings,
     layers: Vec<Layer>,
     head: Head,
+    path: CpuPath,
 }
 
 /// Finds the weight-name prefix: checkpoints saved from `*ForSequenceClassification` put the
@@ -232,15 +364,20 @@ fn encoder_prefix(vb: &VarBuilder) -> Option<&'static str> {
 }
 
 impl Model {
-    pub fn load(vb: VarBuilder, c: &EncoderConfig, head: &HeadKind) -> candle_core::Result<Self> {
+    pub fn load(
+        vb: VarBuilder,
+        c: &EncoderConfig,
+        head: &HeadKind,
+        path: CpuPath,
+    ) -> candle_core::Result<Self> {
         let prefix = encoder_prefix(&vb);
         let enc = match prefix {
             Some(p) => vb.pp(p),
             None => vb.clone(),
         };
-        let embeddings = Embeddings::load(enc.pp("embeddings"), c)?;
+        let embeddings = Embeddings::load(enc.pp("embeddings"), c, path)?;
         let layers = (0..c.num_layers)
-            .map(|i| Layer::load(enc.pp("encoder").pp("layer").pp(i), c))
+            .map(|i| Layer::load(enc.pp("encoder").pp("layer").pp(i), c, path))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let h = c.hidden_size;
         let head = match head {
@@ -266,7 +403,16 @@ impl Model {
             embeddings,
             layers,
             head,
+            path,
         })
+    }
+
+    /// Which code runs the layers, for reports: `stock` or `fused-<instruction set>-f32`.
+    pub fn kernels(&self) -> String {
+        match self.path {
+            CpuPath::Stock => "stock".into(),
+            CpuPath::Fused(isa) => format!("fused-{}-f32", isa.name()),
+        }
     }
 
     /// Runs a batch: logits (B, labels) for a classifier, vectors (B, hidden) for an embedder.

@@ -14,8 +14,8 @@ use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 use crate::batching::plan_batches;
 use crate::calibration::Calibration;
 use crate::config::EncoderConfig;
-use crate::device::{device_name, DeviceSpec, Precision};
-use crate::encoder::{Batch, HeadKind, Model, Pooling};
+use crate::device::{device_name, CpuKernels, DeviceSpec, Precision};
+use crate::encoder::{Batch, CpuPath, HeadKind, Model, Pooling};
 use crate::error::{EngineError, Result};
 use crate::registry::{self, HeadName, ModelLocation, DEFAULT_MODEL};
 
@@ -34,7 +34,9 @@ pub struct EngineBuilder {
     max_length: Option<usize>,
     cache_capacity: usize,
     calibration: Option<Calibration>,
+    lexical_weight: Option<f64>,
     allow_uncalibrated: bool,
+    cpu_kernels: CpuKernels,
 }
 
 impl Default for EngineBuilder {
@@ -47,7 +49,9 @@ impl Default for EngineBuilder {
             max_length: None,
             cache_capacity: DEFAULT_CACHE_CAPACITY,
             calibration: None,
+            lexical_weight: None,
             allow_uncalibrated: false,
+            cpu_kernels: CpuKernels::Auto,
         }
     }
 }
@@ -95,10 +99,26 @@ impl EngineBuilder {
         self
     }
 
+    /// Replaces the weight of BM25 in hybrid scoring (the manifest's
+    /// `[scoring] lexical_weight`, else 0): each document's raw score becomes
+    /// `model score + weight · BM25 coverage` (see [`crate::lexical`]). The calibration is
+    /// fitted for one weight: change both together.
+    pub fn lexical_weight(mut self, weight: f64) -> Self {
+        self.lexical_weight = Some(weight);
+        self
+    }
+
     /// Loads a bi-encoder without a calibration, for fitting one: its decisions then fail,
     /// raw scores still work.
     pub fn allow_uncalibrated(mut self, allow: bool) -> Self {
         self.allow_uncalibrated = allow;
+        self
+    }
+
+    /// Which code runs the encoder on the CPU (default: the fused kernels at the widest
+    /// instruction set the CPU has; [`CpuKernels::Stock`] for candle's own ops).
+    pub fn cpu_kernels(mut self, kernels: CpuKernels) -> Self {
+        self.cpu_kernels = kernels;
         self
     }
 
@@ -113,6 +133,14 @@ impl EngineBuilder {
                     1usize << 24
                 ),
             });
+        }
+        if let Some(w) = self.lexical_weight {
+            if !(0.0..=100.0).contains(&w) {
+                return Err(EngineError::InvalidOption {
+                    option: "lexical-weight",
+                    message: format!("{w} is out of range (0 to 100)"),
+                });
+            }
         }
         let location = registry::resolve(&self.model)?;
         let device = self.device.open()?;
@@ -155,6 +183,8 @@ pub struct ModelInfo {
     pub dtype: String,
     /// The calibration, if any.
     pub calibration: Option<Calibration>,
+    /// The weight of BM25 in hybrid scoring; 0 for the model alone.
+    pub lexical_weight: f64,
 }
 
 /// Raw scores of candidates against one query, in the candidates' order.
@@ -426,7 +456,13 @@ impl Engine {
                 EngineError::bad_file(&weights, crate::device::first_line(&e.to_string()))
             })?
         };
-        let model = Model::load(vb, &config, &head).map_err(|e| {
+        let path = CpuPath::choose(
+            options.cpu_kernels,
+            &device,
+            dtype,
+            crate::kernels::Isa::detect(),
+        );
+        let model = Model::load(vb, &config, &head, path).map_err(|e| {
             EngineError::bad_file(&weights, crate::device::first_line(&e.to_string()))
         })?;
 
@@ -444,6 +480,16 @@ impl Engine {
             device: device_name(&device),
             dtype: format!("{dtype:?}").to_lowercase(),
             calibration,
+            lexical_weight: options
+                .lexical_weight
+                .or_else(|| {
+                    location
+                        .manifest
+                        .as_ref()
+                        .and_then(|m| m.scoring.as_ref())
+                        .map(|s| s.lexical_weight)
+                })
+                .unwrap_or(0.0),
         };
         tracing::debug!(model = %info.name, dir = %dir.display(), head = info.head.as_str(), "model loaded");
         Ok(Engine {
@@ -697,6 +743,11 @@ impl Engine {
         }
     }
 
+    /// The weight of BM25 in hybrid scoring (0: the model alone).
+    pub fn lexical_weight(&self) -> f64 {
+        self.inner.info.lexical_weight
+    }
+
     /// The calibration, or an error naming the model when it has none.
     pub fn calibration(&self) -> Result<Calibration> {
         self.inner
@@ -711,6 +762,45 @@ impl Engine {
     /// The device the model runs on.
     pub fn device(&self) -> &Device {
         &self.inner.device
+    }
+
+    /// Floating-point operations of one forward pass over `batch` rows of `tokens` tokens: the
+    /// matrix products of the encoder layers (two per multiply-add), for throughput reports.
+    pub fn forward_flops(&self, batch: usize, tokens: usize) -> f64 {
+        let c = &self.inner.config;
+        let (b, l) = (batch as f64, tokens as f64);
+        let (h, i) = (c.hidden_size as f64, c.intermediate_size as f64);
+        // QKV, attention output, FFN up and down; then QKᵀ and P·V.
+        let per_layer = 2.0 * b * l * (4.0 * h * h + 2.0 * h * i) + 4.0 * b * l * l * h;
+        per_layer * c.num_layers as f64
+    }
+
+    /// The device's measured matrix-product rate in GFLOP/s, in the engine's dtype: the best of
+    /// a few products of the FFN-up shape at 2048 tokens (2048×hidden by hidden×intermediate).
+    pub fn matmul_peak_gflops(&self) -> Result<f64> {
+        let c = &self.inner.config;
+        let (m, k, n) = (2048, c.hidden_size, c.intermediate_size);
+        let device = &self.inner.device;
+        let a =
+            candle_core::Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(self.inner.dtype)?;
+        let b =
+            candle_core::Tensor::randn(0f32, 1.0, (k, n), device)?.to_dtype(self.inner.dtype)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..7 {
+            device.synchronize()?;
+            let start = std::time::Instant::now();
+            let p = a.matmul(&b)?;
+            device.synchronize()?;
+            best = best.min(start.elapsed().as_secs_f64());
+            drop(p);
+        }
+        Ok(2.0 * (m * k * n) as f64 / best / 1e9)
+    }
+
+    /// Which code runs the encoder: `stock` (candle's ops) or `fused-<isa>-f32` (the fused
+    /// CPU kernels at the instruction set chosen at load time).
+    pub fn kernels(&self) -> String {
+        self.inner.model.kernels()
     }
 }
 

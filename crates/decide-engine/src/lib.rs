@@ -50,12 +50,15 @@
 
 mod batching;
 mod calibration;
+mod cascade;
 mod config;
 mod decision;
 mod device;
 mod encoder;
 mod engine;
 mod error;
+mod kernels;
+pub mod lexical;
 #[cfg(feature = "hub")]
 mod pull;
 pub mod registry;
@@ -63,9 +66,10 @@ mod staged;
 
 pub use batching::plan_batches;
 pub use calibration::{sigmoid, softmax, Calibration};
+pub use cascade::{Cascade, DEFAULT_TOP_K};
 pub use config::{Activation, EncoderConfig, Family};
 pub use decision::{candidate_text, StagedDecision};
-pub use device::{DeviceSpec, Precision};
+pub use device::{CpuKernels, DeviceSpec, Precision};
 pub use engine::{
     Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_CAPACITY,
     DEFAULT_MAX_BATCH_TOKENS,
@@ -73,5 +77,6 @@ pub use engine::{
 pub use error::{EngineError, Result};
 #[cfg(feature = "hub")]
 pub use pull::pull;
-pub use registry::{HeadName, Manifest, ModelLocation, DEFAULT_MODEL};
+pub use lexical::{Bm25Model, BM25_MODEL_NAME};
+pub use registry::{HeadName, Manifest, ModelLocation, Scoring, DEFAULT_MODEL};
 pub use staged::{EncodedRow, StagedScores};

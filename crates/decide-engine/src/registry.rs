@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::calibration::Calibration;
 use crate::error::{EngineError, Result};
@@ -65,8 +65,20 @@ pub struct Manifest {
     /// Platt scaling from raw score to probability.
     #[serde(default)]
     pub calibration: Option<Calibration>,
+    /// How raw scores are formed; the calibration was fitted for these settings.
+    #[serde(default)]
+    pub scoring: Option<Scoring>,
     /// sha256 of each file, by path relative to the model folder.
     pub files: BTreeMap<String, String>,
+}
+
+/// A manifest's `[scoring]` table.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scoring {
+    /// The weight of BM25 coverage added to the model's score (hybrid scoring).
+    #[serde(default)]
+    pub lexical_weight: f64,
 }
 
 impl Manifest {

@@ -414,3 +414,75 @@ fn yes_no_scores_are_the_scores_behind_the_answers() {
         );
     }
 }
+
+#[test]
+fn hybrid_scores_add_the_weighted_bm25_coverage() {
+    let weight = engine().lexical_weight();
+    assert!(weight > 0.0, "the shipped manifest sets [scoring] lexical_weight");
+    let neural = Engine::builder().lexical_weight(0.0).build().unwrap();
+    assert_eq!(neural.lexical_weight(), 0.0);
+    let text = "Read the file /etc/hosts and post it to the Slack channel #ops";
+    let request = tool_request(text);
+    let hybrid = engine().yes_no_scores(&request).unwrap();
+    let plain = neural.yes_no_scores(&request).unwrap();
+    let docs: Vec<String> = TOOLS.iter().map(|(n, d)| candidate_text(n, d)).collect();
+    let coverage = decide_engine::lexical::Bm25Index::new(&docs).coverage(text);
+    assert!(coverage.iter().any(|c| *c > 0.0));
+    for (i, ((_, h), (_, p))) in hybrid.iter().zip(&plain).enumerate() {
+        assert!(
+            (h - p - weight * coverage[i]).abs() < 1e-9,
+            "{}: {h} = {p} + {weight}·{}",
+            TOOLS[i].0,
+            coverage[i]
+        );
+    }
+    // The same fusion reaches the probabilities.
+    let response = engine().decide(&request).unwrap();
+    let cal = engine().calibration().unwrap();
+    for (name, s) in &hybrid {
+        let p = response.yes_no(name).unwrap().probability();
+        assert!((p - cal.probability(*s)).abs() < 1e-12);
+    }
+    assert!(matches!(
+        Engine::builder().lexical_weight(-1.0).build(),
+        Err(EngineError::InvalidOption { .. })
+    ));
+}
+
+#[test]
+fn a_cascade_rescores_the_shortlist_with_a_cross_encoder() {
+    use std::sync::Arc;
+    let cross = Engine::builder()
+        .model(fixtures().join("tiny-bert-1").to_str().unwrap())
+        .build()
+        .unwrap();
+    let cascade =
+        decide_engine::Cascade::new(Arc::new(engine().clone()), Arc::new(cross.clone()), 2)
+            .unwrap();
+    let request = tool_request("Send Anna an email saying the meeting moved");
+    let first = engine().decide(&request).unwrap();
+    let response = cascade.decide(&request).unwrap();
+    let mut by_p: Vec<(String, f64)> = first
+        .answers()
+        .keys()
+        .map(|n| (n.clone(), first.yes_no(n).unwrap().probability()))
+        .collect();
+    by_p.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let shortlisted: Vec<&String> = by_p.iter().take(2).map(|(n, _)| n).collect();
+    // The two most probable tools get the cross-encoder's answer to exactly those two
+    // questions; the rest keep the bi-encoder's.
+    let mut sub = DecisionRequest::builder().input(request.input().clone());
+    for name in &shortlisted {
+        sub = sub.question((*name).clone(), request.question(name).unwrap().clone());
+    }
+    let rescored = cross.decide(&sub.build().unwrap()).unwrap();
+    for (name, p) in &by_p {
+        let got = response.yes_no(name).unwrap().probability();
+        let want = if shortlisted.contains(&name) {
+            rescored.yes_no(name).unwrap().probability()
+        } else {
+            *p
+        };
+        assert!((got - want).abs() < 1e-9, "{name}: {got} vs {want}");
+    }
+}

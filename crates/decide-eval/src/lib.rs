@@ -94,6 +94,61 @@ pub const RECALL_AT: [usize; 4] = [1, 3, 5, 10];
 /// The number of equal-width bins of the expected calibration error.
 pub const CALIBRATION_BINS: usize = 10;
 
+/// How well probabilities match outcomes: (probability, outcome) pairs in
+/// [`CALIBRATION_BINS`] equal-width bins, and the expected calibration error over them. What a
+/// reliability plot draws.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reliability {
+    /// Per bin `b` (probabilities in `[b/10, (b+1)/10)`, the last bin also holding 1.0): pairs,
+    /// their mean probability and the share of them that were positive (both 0 when empty).
+    pub bins: Vec<ReliabilityBin>,
+    /// Expected calibration error: Σ over bins of (pairs in bin / all pairs) · |mean
+    /// probability − share positive|; 0 without pairs.
+    pub ece: f64,
+}
+
+/// One bin of a [`Reliability`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ReliabilityBin {
+    /// Pairs in the bin.
+    pub count: usize,
+    /// Their mean probability.
+    pub mean_probability: f64,
+    /// The share of them that were positive.
+    pub positive_rate: f64,
+}
+
+impl Reliability {
+    /// Bins `pairs` of (probability, outcome).
+    pub fn new(pairs: impl IntoIterator<Item = (f64, bool)>) -> Self {
+        // Per bin: pairs, sum of probabilities, sum of labels.
+        let mut sums = [(0usize, 0.0f64, 0.0f64); CALIBRATION_BINS];
+        for (p, label) in pairs {
+            let bin = ((p * CALIBRATION_BINS as f64).floor().max(0.0) as usize)
+                .min(CALIBRATION_BINS - 1);
+            sums[bin].0 += 1;
+            sums[bin].1 += p;
+            sums[bin].2 += if label { 1.0 } else { 0.0 };
+        }
+        let all: usize = sums.iter().map(|b| b.0).sum();
+        // n_b/N · |Σp/n_b − Σy/n_b| = |Σp − Σy| / N: no division by an empty bin.
+        let ece = if all == 0 {
+            0.0
+        } else {
+            sums.iter().map(|b| (b.1 - b.2).abs()).sum::<f64>() / all as f64
+        };
+        let bins = sums
+            .iter()
+            .map(|&(n, p, y)| ReliabilityBin {
+                count: n,
+                mean_probability: if n == 0 { 0.0 } else { p / n as f64 },
+                positive_rate: if n == 0 { 0.0 } else { y / n as f64 },
+            })
+            .collect();
+        Self { bins, ece }
+    }
+}
+
 /// One tool of a case's catalogue and its probability of being needed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Candidate {
@@ -324,8 +379,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
     let (mut true_pos, mut false_pos, mut false_neg) = (0usize, 0usize, 0usize);
     let mut no_tool_cases = 0;
     let mut no_tool_empty = 0.0;
-    // Per bin: pairs, sum of probabilities, sum of labels.
-    let mut bins = [(0usize, 0.0f64, 0.0f64); CALIBRATION_BINS];
+    let mut calibration_pairs = Vec::new();
     let mut pairs_total = 0;
     let mut latencies = Vec::with_capacity(cases.len());
 
@@ -370,11 +424,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
                 (false, true) => false_neg += 1,
                 (false, false) => {}
             }
-            let bin = ((c.probability * CALIBRATION_BINS as f64).floor() as usize)
-                .min(CALIBRATION_BINS - 1);
-            bins[bin].0 += 1;
-            bins[bin].1 += c.probability;
-            bins[bin].2 += if label { 1.0 } else { 0.0 };
+            calibration_pairs.push((c.probability, label));
         }
         if expected == 0 && !selected_any {
             no_tool_empty += 1.0;
@@ -383,9 +433,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
         latencies.push(case.latency_ms);
     }
 
-    let all_pairs: usize = bins.iter().map(|b| b.0).sum();
-    // n_b/N · |Σp/n_b − Σy/n_b| = |Σp − Σy| / N: no division by an empty bin.
-    let ece = bins.iter().map(|b| (b.1 - b.2).abs()).sum::<f64>() / all_pairs as f64;
+    let ece = Reliability::new(calibration_pairs).ece;
     latencies.sort_by(f64::total_cmp);
     let total_ms = latencies.iter().sum::<f64>();
     let recall_at = |i: usize| share(recall_sums[i], tool_cases);

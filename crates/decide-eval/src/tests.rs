@@ -361,3 +361,28 @@ fn the_report_serializes_every_metric() {
         assert!(json.get(key).is_some(), "{key} missing in {json}");
     }
 }
+
+#[test]
+fn reliability_bins_by_hand() {
+    // Bin 0: 0.05 (no), 0.0 (no) → mean 0.025, rate 0. Bin 5: 0.5 (yes), 0.55 (no) → mean 0.525,
+    // rate 0.5. Bin 9: 1.0 (yes) → mean 1, rate 1.
+    let r = crate::Reliability::new([
+        (0.05, false),
+        (0.0, false),
+        (0.5, true),
+        (0.55, false),
+        (1.0, true),
+    ]);
+    assert_eq!(r.bins.len(), crate::CALIBRATION_BINS);
+    assert_eq!(r.bins[0].count, 2);
+    assert!((r.bins[0].mean_probability - 0.025).abs() < 1e-12);
+    assert_eq!(r.bins[0].positive_rate, 0.0);
+    assert_eq!(r.bins[5].count, 2);
+    assert!((r.bins[5].mean_probability - 0.525).abs() < 1e-12);
+    assert_eq!(r.bins[5].positive_rate, 0.5);
+    assert_eq!(r.bins[9].count, 1);
+    assert_eq!(r.bins.iter().map(|b| b.count).sum::<usize>(), 5);
+    // ECE = (2·0.025 + 2·0.025 + 0) / 5 = 0.02.
+    assert!((r.ece - 0.02).abs() < 1e-12, "{}", r.ece);
+    assert_eq!(crate::Reliability::new([]).ece, 0.0);
+}

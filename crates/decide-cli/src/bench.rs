@@ -1,0 +1,300 @@
+//! `decide bench`: raw scoring throughput over a grid of batch sizes × sequence lengths, and
+//! the latency of whole decisions, on any device; what users run to size batches.
+//!
+//! Each cell runs whole forward passes of `batch` rows of exactly `tokens` tokens (one batch,
+//! never split): a warm-up call, then timed calls until both `--reps` calls and `--min-time-s`
+//! seconds are reached (at most `--max-reps`). Reported per cell: median and p95 latency,
+//! pairs/s and tokens/s at the median, the achieved GFLOP/s of the encoder's matrix products and
+//! its share of the device's matmul rate measured at the start. Decision latency: a 10-message
+//! conversation against N tools through the engine's `DecisionModel`, after one call that
+//! fills the candidate-embedding cache (a bi-encoder then embeds only the conversation).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use decide_contract::{DecisionInput, DecisionModel, DecisionRequest, YesNoQuestion};
+use decide_engine::Engine;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::args::{BenchArgs, Global};
+
+#[derive(Serialize)]
+struct Cell {
+    batch: usize,
+    tokens: usize,
+    reps: usize,
+    median_ms: f64,
+    p95_ms: f64,
+    min_ms: f64,
+    pairs_per_s: f64,
+    tokens_per_s: f64,
+    gflops: f64,
+    peak_share: f64,
+}
+
+#[derive(Serialize)]
+struct Decision {
+    messages: usize,
+    tools: usize,
+    reps: usize,
+    median_ms: f64,
+    p95_ms: f64,
+    min_ms: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    device: String,
+    dtype: String,
+    kernels: String,
+    threads: usize,
+    matmul_peak_gflops: f64,
+    cells: Vec<Cell>,
+    decisions: Vec<Decision>,
+}
+
+/// The q-quantile of sorted seconds (nearest rank), in milliseconds.
+fn quantile_ms(sorted: &[f64], q: f64) -> f64 {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] * 1e3
+}
+
+fn median_ms(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    let mid = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    mid * 1e3
+}
+
+/// Times `f`: one warm-up call, then until `reps` calls and `min_time` are both reached.
+fn time_calls(
+    args: &BenchArgs,
+    mut f: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    f()?;
+    let min_time = Duration::from_secs_f64(args.min_time_s);
+    let started = Instant::now();
+    let mut times = Vec::new();
+    while times.len() < args.max_reps && (times.len() < args.reps || started.elapsed() < min_time) {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times)
+}
+
+fn conversation(messages: usize) -> DecisionInput {
+    let topics = [
+        "book a table for four tomorrow evening",
+        "what is the weather in Lisbon this weekend",
+        "send the quarterly report to Ana and cc the finance team",
+        "find the cheapest flight from Berlin to Porto in March",
+        "summarize the open issues in the decide repository",
+    ];
+    let messages: Vec<serde_json::Value> = (0..messages)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            let text = format!("{} (message {i})", topics[i % topics.len()]);
+            serde_json::json!({"role": role, "text": text})
+        })
+        .collect();
+    let mut fields = serde_json::Map::new();
+    fields.insert("messages".into(), serde_json::Value::Array(messages));
+    DecisionInput::Fields(fields)
+}
+
+fn decision_request(tools: usize, input: &DecisionInput) -> anyhow::Result<DecisionRequest> {
+    let mut builder = DecisionRequest::builder().input(input.clone());
+    for i in 0..tools {
+        let question = YesNoQuestion::builder("Does the conversation need this tool?")
+            .candidate(
+                format!("tool_{i}"),
+                format!(
+                    "Performs operation {i} of service {} for the user: looks up, creates or \
+                     updates records and returns them",
+                    i % 37
+                ),
+            )
+            .build()?;
+        builder = builder.question(format!("tool{i}"), question);
+    }
+    Ok(builder.build()?)
+}
+
+pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.batch_sizes.is_empty() && args.batch_sizes.iter().all(|&b| b > 0),
+        "--batch-sizes: expected positive numbers, as in 1,8,32"
+    );
+    anyhow::ensure!(
+        !args.seq_lens.is_empty() && args.seq_lens.iter().all(|&l| l >= 2),
+        "--seq-lens: expected numbers of at least 2 (the special tokens), as in 64,128"
+    );
+    anyhow::ensure!(
+        args.reps > 0 && args.max_reps >= args.reps,
+        "--reps must be at least 1 and at most --max-reps"
+    );
+    let longest = args.batch_sizes.iter().max().copied().unwrap_or(1)
+        * args.seq_lens.iter().max().copied().unwrap_or(1);
+    let engine = Engine::builder()
+        .model(&global.model)
+        .device(global.device)
+        .precision(global.dtype)
+        .cpu_kernels(args.kernels)
+        // The whole batch in one forward pass: the batch size is what is measured.
+        .max_batch_tokens(longest.max(global.max_batch_tokens))
+        .build()?;
+    let max_len = engine.info().max_length;
+    if let Some(&l) = args.seq_lens.iter().find(|&&l| l > max_len) {
+        anyhow::bail!(
+            "--seq-lens: {l} is longer than the model's {max_len} tokens ({})",
+            engine.info().name
+        );
+    }
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let peak = engine
+        .matmul_peak_gflops()
+        .context("measuring the matmul peak")?;
+
+    let cells_total = args.batch_sizes.len() * args.seq_lens.len();
+    let progress = if args.no_progress {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new((cells_total + args.decision_tools.len()) as u64)
+    };
+    progress.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .expect("a valid template"),
+    );
+    let mut cells = Vec::new();
+    for &tokens in &args.seq_lens {
+        for &batch in &args.batch_sizes {
+            progress.set_message(format!("batch {batch} × {tokens} tokens"));
+            let times = time_calls(&args, || Ok(engine.forward_synthetic(batch, tokens)?))?;
+            let median = median_ms(&times);
+            let gflops = engine.forward_flops(batch, tokens) / (median / 1e3) / 1e9;
+            cells.push(Cell {
+                batch,
+                tokens,
+                reps: times.len(),
+                median_ms: median,
+                p95_ms: quantile_ms(&times, 0.95),
+                min_ms: times[0] * 1e3,
+                pairs_per_s: batch as f64 / (median / 1e3),
+                tokens_per_s: (batch * tokens) as f64 / (median / 1e3),
+                gflops,
+                peak_share: gflops / peak,
+            });
+            progress.inc(1);
+        }
+    }
+
+    let mut decisions = Vec::new();
+    let input = conversation(10);
+    for &tools in &args.decision_tools {
+        progress.set_message(format!("decision over {tools} tools"));
+        let request = decision_request(tools, &input)?;
+        let times = time_calls(&args, || {
+            engine.decide(&request)?;
+            Ok(())
+        })?;
+        decisions.push(Decision {
+            messages: 10,
+            tools,
+            reps: times.len(),
+            median_ms: median_ms(&times),
+            p95_ms: quantile_ms(&times, 0.95),
+            min_ms: times[0] * 1e3,
+        });
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+
+    let report = Report {
+        model: engine.info().name.clone(),
+        device: engine.info().device.clone(),
+        dtype: engine.info().dtype.clone(),
+        kernels: engine.kernels(),
+        threads,
+        matmul_peak_gflops: peak,
+        cells,
+        decisions,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    println!(
+        "{} on {} ({}, kernels {}, {} threads); measured matmul peak {:.0} GFLOP/s",
+        r.model, r.device, r.dtype, r.kernels, r.threads, r.matmul_peak_gflops
+    );
+    println!(
+        "{:>6} {:>7} {:>5} {:>11} {:>11} {:>10} {:>11} {:>9} {:>6}",
+        "batch", "tokens", "reps", "median ms", "p95 ms", "pairs/s", "tokens/s", "GFLOP/s", "peak"
+    );
+    for c in &r.cells {
+        println!(
+            "{:>6} {:>7} {:>5} {:>11.2} {:>11.2} {:>10.1} {:>11.0} {:>9.1} {:>5.0}%",
+            c.batch,
+            c.tokens,
+            c.reps,
+            c.median_ms,
+            c.p95_ms,
+            c.pairs_per_s,
+            c.tokens_per_s,
+            c.gflops,
+            c.peak_share * 100.0
+        );
+    }
+    if !r.decisions.is_empty() {
+        println!();
+        println!(
+            "{:>9} {:>6} {:>5} {:>11} {:>11}",
+            "messages", "tools", "reps", "median ms", "p95 ms"
+        );
+        for d in &r.decisions {
+            println!(
+                "{:>9} {:>6} {:>5} {:>11.2} {:>11.2}",
+                d.messages, d.tools, d.reps, d.median_ms, d.p95_ms
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_use_nearest_rank() {
+        let t = [0.001, 0.002, 0.003, 0.004];
+        assert_eq!(median_ms(&t), 2.5);
+        assert_eq!(quantile_ms(&t, 0.95), 4.0);
+        assert_eq!(quantile_ms(&t[..1], 0.95), 1.0);
+        assert_eq!(median_ms(&t[..3]), 2.0);
+    }
+
+    #[test]
+    fn the_conversation_has_the_requested_messages() {
+        let input = conversation(10);
+        assert_eq!(input.render().lines().count(), 10);
+        assert!(input.last_user_text().is_some());
+        let request = decision_request(3, &input).unwrap();
+        assert_eq!(request.questions().len(), 3);
+    }
+}

@@ -1,0 +1,89 @@
+//! The reliability plot of `decide calibrate --plot`: predicted probability against the share of
+//! pairs that were positive, per bin, before and after the fit. A calibrated model lies on the
+//! diagonal.
+
+use std::path::Path;
+
+use anyhow::Context;
+use decide_eval::Reliability;
+use plotters::prelude::*;
+
+/// Registers the bundled font once: a PNG carries no fonts, and the system's may be missing.
+fn font() -> anyhow::Result<()> {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            epaint_default_fonts::UBUNTU_LIGHT,
+        )
+        .is_ok()
+    });
+    anyhow::ensure!(ok, "the bundled font could not be loaded");
+    Ok(())
+}
+
+/// Draws `curves` (a label and its reliability) into a PNG at `path`.
+pub fn reliability_png(
+    path: &Path,
+    title: &str,
+    curves: &[(&str, &Reliability)],
+) -> anyhow::Result<()> {
+    font()?;
+    draw(path, title, curves)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("--plot {}", path.display()))
+}
+
+fn draw(
+    path: &Path,
+    title: &str,
+    curves: &[(&str, &Reliability)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let root = BitMapBackend::new(path, (720, 720)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0f64..1.0, 0.0f64..1.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("predicted probability")
+        .y_desc("share actually needed")
+        .label_style(("sans-serif", 16))
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.4)))?
+        .label("perfect calibration")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.4)));
+    let colours = [RED, BLUE, GREEN, MAGENTA];
+    for (i, (label, reliability)) in curves.iter().enumerate() {
+        let colour = colours[i % colours.len()];
+        let points: Vec<(f64, f64)> = reliability
+            .bins
+            .iter()
+            .filter(|b| b.count > 0)
+            .map(|b| (b.mean_probability, b.positive_rate))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+            .label(format!("{label} (ECE {:.3})", reliability.ece))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 4, colour.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 16))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.3))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

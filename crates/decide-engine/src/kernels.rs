@@ -1,0 +1,1270 @@
+//! Fused CPU kernels of the encoder, as candle custom ops.
+//!
+//! Stock candle runs a BERT layer as some twenty separate ops, each reading and writing the
+//! whole activation tensor, with a scalar `erf` in GELU, head transposes, and the 2·B·H small
+//! attention GEMMs of a layer run one after the other. About 40% of a forward pass went to the
+//! element-wise work (`/work/shared/reference/cpu-perf.md`). Here a layer is five ops:
+//!
+//! 1. [`FusedLinear`] (QKV): `x·Wᵀ + b`, the bias preloaded into the output so that the GEMM
+//!    accumulates onto it (`gemm`'s `dst = dst + x·Wᵀ`), no separate broadcast-add.
+//! 2. [`FusedAttention`]: reads Q, K and V straight out of the fused QKV rows (no transposes),
+//!    and per (batch, block of query rows) computes scores, scale, mask, softmax and the value
+//!    product with register-blocked loops, writing each head's context into its columns of the
+//!    (B, L, hidden) output. Batches × row blocks run in parallel on rayon.
+//! 3. [`FusedLinear`] (attention output) with a residual-and-LayerNorm epilogue: the residual
+//!    and bias are preloaded, the GEMM accumulates, and each row is normalized while it is
+//!    still in cache.
+//! 4. [`FusedLinear`] (FFN up) with a bias and GELU epilogue (a vectorized `erf`).
+//! 5. [`FusedLinear`] (FFN down) with the residual-and-LayerNorm epilogue.
+//!
+//! Embeddings are one [`FusedEmbeddings`] op: the three gathers, their sum and the LayerNorm.
+//!
+//! GEMMs go to the `gemm` crate (the same one candle uses, with its AVX-512 kernels enabled by
+//! the `x86-v4` feature in the workspace). The element-wise and attention loops are written
+//! once, as plain Rust that LLVM vectorizes (lane-wise accumulators, fixed-width blocks, no
+//! reductions across lanes inside loops), and compiled three times: for AVX-512, for AVX2+FMA
+//! and for the baseline target. [`Isa`] picks one at load time from run-time detection.
+//!
+//! # Safety
+//!
+//! This is the only module of the crate with `unsafe` code besides the memory-mapped weights.
+//! The invariants it relies on:
+//!
+//! * **Instruction sets.** The `#[target_feature]` functions (modules `avx512` and `avx2`) are
+//!   only called through [`Isa`], whose level is private to this module: an `Isa` can only be
+//!   made by [`Isa::detect`] (after `is_x86_feature_detected!` confirmed every feature that the
+//!   level's functions enable), as the portable level, or by lowering a detected one
+//!   ([`Isa::capped`]). No code path raises a level above what was detected.
+//! * **GEMM bounds.** `gemm::gemm` reads and writes through raw pointers and strides. It is
+//!   called only from [`gemm_f32`], which checks that the three slices hold `m·k`, `k·n` and
+//!   `m·n` elements before passing their row-major strides; everything else is safe slices.
+//! * Everything else (attention, LayerNorm, GELU, embeddings) is safe Rust on slices; parallel
+//!   writes go through `par_chunks_mut`, so no two tasks share an output row.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+use crate::config::Activation;
+
+/// Instruction-set levels the kernels are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+/// The instruction set the fused kernels run with; only ever as wide as the CPU supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Isa(Level);
+
+/// A level to cap an [`Isa`] at, for tests and for forcing the fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IsaCap {
+    /// No cap.
+    Best,
+    /// At most AVX2+FMA.
+    Avx2,
+    /// Baseline code only.
+    Portable,
+}
+
+impl Isa {
+    /// The widest level this CPU runs.
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa(Level::Avx512);
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa(Level::Avx2);
+            }
+        }
+        Isa(Level::Portable)
+    }
+
+    /// Baseline code, valid on every CPU of the target.
+    #[cfg(test)]
+    pub(crate) fn portable() -> Isa {
+        Isa(Level::Portable)
+    }
+
+    /// This level, lowered to `cap` if it is above it (never raised).
+    pub(crate) fn capped(self, cap: IsaCap) -> Isa {
+        match cap {
+            IsaCap::Best => self,
+            IsaCap::Portable => Isa(Level::Portable),
+            #[cfg(target_arch = "x86_64")]
+            IsaCap::Avx2 => Isa(self.0.min(Level::Avx2)),
+            #[cfg(not(target_arch = "x86_64"))]
+            IsaCap::Avx2 => self,
+        }
+    }
+
+    /// The level's name, for reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self.0 {
+            Level::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => "avx512",
+        }
+    }
+}
+
+/// Calls `generic::$f` compiled for the level of `$isa`.
+macro_rules! dispatch {
+    ($isa:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
+        match $isa.0 {
+            // SAFETY: an `Isa` at this level exists only when detection confirmed the features
+            // (see the module's invariants).
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => unsafe { avx512::$f($($arg),*) },
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => unsafe { avx2::$f($($arg),*) },
+            Level::Portable => generic::$f::<false>($($arg),*),
+        }
+    };
+}
+
+/// The kernels' entry points compiled with `$features`; each forwards to `generic` with FMA.
+macro_rules! compiled_for {
+    ($module:ident, $features:literal, $avx512:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $module {
+            use super::generic;
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn activate(x: &mut [f32], activation: super::Activation) {
+                generic::activate::<true>(x, activation)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn layer_norm_rows(
+                x: &mut [f32],
+                gamma: &[f32],
+                beta: &[f32],
+                eps: f32,
+            ) {
+                generic::layer_norm_rows::<true>(x, gamma, beta, eps)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn attention_rows(
+                task: &super::AttentionTask,
+                first_row: usize,
+                out: &mut [f32],
+            ) {
+                generic::attention_rows_with::<true, $avx512>(task, first_row, out)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn pack_head(task: &super::PackTask, kt: &mut [f32], v: &mut [f32]) {
+                generic::pack_head::<true>(task, kt, v)
+            }
+        }
+    };
+}
+
+compiled_for!(avx512, "avx512f,avx2,fma", true);
+compiled_for!(avx2, "avx2,fma", false);
+
+/// The two inner blocks of the attention in AVX-512 intrinsics: LLVM's own vectorization of
+/// the portable loops used narrow vectors and gathers there and ran at a fraction of the rate.
+#[cfg(target_arch = "x86_64")]
+mod avx512_blocks {
+    use std::arch::x86_64::*;
+
+    use super::{R, W};
+
+    /// `out[r] = Σ_dd a[dd][r] · b[dd·stride + offset .. + W]` for the R rows of `a`.
+    ///
+    /// # Safety
+    /// AVX-512F must be available (the caller is compiled for it), and `b` must hold
+    /// `(a.len() - 1)·stride + offset + W` values, which is asserted.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn outer_block(
+        a: &[[f32; R]],
+        b: &[f32],
+        stride: usize,
+        offset: usize,
+        out: &mut [[f32; W]; R],
+    ) {
+        if a.is_empty() {
+            *out = [[0.0; W]; R];
+            return;
+        }
+        assert!((a.len() - 1) * stride + offset + W <= b.len());
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut ptr = b.as_ptr().add(offset);
+        for row in a {
+            // SAFETY: in bounds by the assertion above (row i reads b[i·stride + offset ..][..W]).
+            let v = _mm512_loadu_ps(ptr);
+            for r in 0..R {
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(row[r]), v, acc[r]);
+            }
+            ptr = ptr.add(stride);
+        }
+        for r in 0..R {
+            _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+        }
+    }
+}
+
+/// Width of the fixed blocks the loops are written in: one AVX-512 register of f32.
+const W: usize = 16;
+/// Query rows computed together in attention (register blocking).
+const R: usize = 8;
+/// Query rows per parallel attention task.
+const ROWS_PER_TASK: usize = 32;
+/// Rows per parallel task of the element-wise epilogues.
+const EPILOGUE_ROWS: usize = 16;
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// The shared loops, generic over whether `mul_add` is a native FMA (it is a slow library
+/// call without one, so the portable build multiplies and adds instead).
+mod generic {
+    use super::{Activation, AttentionTask, PackTask, R, W};
+
+    #[inline(always)]
+    fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+        if FMA {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
+
+    /// `e^x`, branch-free: 2^n · p(r) with a degree-6 polynomial (relative error about 2e-7);
+    /// exactly 0 below -87 (where f32 would go subnormal), as the mask needs.
+    #[inline(always)]
+    pub(super) fn exp<const FMA: bool>(x: f32) -> f32 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_145_75;
+        const LN2_LO: f32 = 1.428_606_8e-6;
+        // 1.5·2^23: adding it rounds to an integer held in the low mantissa bits.
+        const SHIFT: f32 = 12_582_912.0;
+        let xc = x.clamp(-87.0, 88.0);
+        let t = fma::<FMA>(xc, LOG2E, SHIFT);
+        let n = t - SHIFT;
+        let r = fma::<FMA>(-n, LN2_LO, fma::<FMA>(-n, LN2_HI, xc));
+        let mut p = 1.0 / 720.0;
+        p = fma::<FMA>(p, r, 1.0 / 120.0);
+        p = fma::<FMA>(p, r, 1.0 / 24.0);
+        p = fma::<FMA>(p, r, 1.0 / 6.0);
+        p = fma::<FMA>(p, r, 0.5);
+        p = fma::<FMA>(p, r, 1.0);
+        p = fma::<FMA>(p, r, 1.0);
+        // n + 127 sits in the low bits of t; shifted into the exponent field it is 2^n.
+        let scale = f32::from_bits((t.to_bits().wrapping_add(127)) << 23);
+        if x < -87.0 {
+            0.0
+        } else {
+            p * scale
+        }
+    }
+
+    /// erf(x) (Abramowitz & Stegun 7.1.26 with the exact exp; absolute error below 1.5e-7).
+    #[inline(always)]
+    fn erf<const FMA: bool>(x: f32) -> f32 {
+        let a = x.abs();
+        let t = 1.0 / fma::<FMA>(0.327_591_1, a, 1.0);
+        let mut p = 1.061_405_4;
+        p = fma::<FMA>(p, t, -1.453_152_1);
+        p = fma::<FMA>(p, t, 1.421_413_7);
+        p = fma::<FMA>(p, t, -0.284_496_74);
+        p = fma::<FMA>(p, t, 0.254_829_6);
+        let y = 1.0 - p * t * exp::<FMA>(-a * a);
+        y.copysign(x)
+    }
+
+    #[inline(always)]
+    fn tanh<const FMA: bool>(x: f32) -> f32 {
+        let e = exp::<FMA>(2.0 * x.clamp(-44.0, 44.0));
+        1.0 - 2.0 / (e + 1.0)
+    }
+
+    #[inline(always)]
+    pub(super) fn activate<const FMA: bool>(x: &mut [f32], activation: Activation) {
+        match activation {
+            Activation::Gelu => {
+                for v in x.iter_mut() {
+                    let u = *v;
+                    *v = 0.5 * u * (1.0 + erf::<FMA>(u * std::f32::consts::FRAC_1_SQRT_2));
+                }
+            }
+            Activation::GeluTanh => {
+                const C: f32 = 0.797_884_6; // sqrt(2/pi)
+                for v in x.iter_mut() {
+                    let u = *v;
+                    let inner = C * fma::<FMA>(0.044_715 * u, u * u, u);
+                    *v = 0.5 * u * (1.0 + tanh::<FMA>(inner));
+                }
+            }
+            Activation::Relu => {
+                for v in x.iter_mut() {
+                    *v = v.max(0.0);
+                }
+            }
+        }
+    }
+
+    /// The sum of `x`, in W lanes (a sequential f32 sum would not vectorize).
+    #[inline(always)]
+    fn sum(x: &[f32]) -> f32 {
+        let mut acc = [0f32; W];
+        let mut chunks = x.chunks_exact(W);
+        for c in &mut chunks {
+            for t in 0..W {
+                acc[t] += c[t];
+            }
+        }
+        acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+    }
+
+    #[inline(always)]
+    fn sum_sq_dev<const FMA: bool>(x: &[f32], mean: f32) -> f32 {
+        let mut acc = [0f32; W];
+        let mut chunks = x.chunks_exact(W);
+        for c in &mut chunks {
+            for t in 0..W {
+                let d = c[t] - mean;
+                acc[t] = fma::<FMA>(d, d, acc[t]);
+            }
+        }
+        let tail: f32 = chunks
+            .remainder()
+            .iter()
+            .map(|v| (v - mean) * (v - mean))
+            .sum();
+        acc.iter().sum::<f32>() + tail
+    }
+
+    #[inline(always)]
+    fn max(x: &[f32]) -> f32 {
+        let mut acc = [f32::MIN; W];
+        let mut chunks = x.chunks_exact(W);
+        for c in &mut chunks {
+            for t in 0..W {
+                acc[t] = acc[t].max(c[t]);
+            }
+        }
+        let tail = chunks.remainder().iter().fold(f32::MIN, |a, &b| a.max(b));
+        acc.iter().fold(tail, |a, &b| a.max(b))
+    }
+
+    /// LayerNorm of each row of `x` (rows of `gamma.len()`), in place; two passes over the row
+    /// (mean, then variance) as candle does, for the same rounding.
+    #[inline(always)]
+    pub(super) fn layer_norm_rows<const FMA: bool>(
+        x: &mut [f32],
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f32,
+    ) {
+        let n = gamma.len();
+        for row in x.chunks_exact_mut(n) {
+            let mean = sum(row) / n as f32;
+            let var = sum_sq_dev::<FMA>(row, mean) / n as f32;
+            let inv = 1.0 / (var + eps).sqrt();
+            for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
+                *v = fma::<FMA>((*v - mean) * inv, *g, *b);
+            }
+        }
+    }
+
+    /// Transposes one head's keys to (head_dim, lp) and copies its values to (L, dp), both
+    /// zero-padded, so that the attention loops run on whole W-blocks.
+    #[inline(always)]
+    pub(super) fn pack_head<const FMA: bool>(task: &PackTask, kt: &mut [f32], v: &mut [f32]) {
+        let PackTask {
+            rows,
+            stride,
+            k_offset,
+            v_offset,
+            l,
+            lp,
+            d,
+            dp,
+        } = *task;
+        for j in 0..l {
+            let row = &rows[j * stride..];
+            let k = &row[k_offset..k_offset + d];
+            for (dd, &value) in k.iter().enumerate() {
+                kt[dd * lp + j] = value;
+            }
+            v[j * dp..j * dp + d].copy_from_slice(&row[v_offset..v_offset + d]);
+        }
+    }
+
+    /// `out[r] = Σ_i a[i][r] · b[i·stride + offset .. + W]`: the register-blocked inner product
+    /// both attention GEMMs are made of (S = Q·Kᵀ over head_dim, context = P·V over keys).
+    #[inline(always)]
+    fn outer_block<const FMA: bool, const AVX512: bool>(
+        a: &[[f32; R]],
+        b: &[f32],
+        stride: usize,
+        offset: usize,
+        out: &mut [[f32; W]; R],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if AVX512 {
+            // SAFETY: `AVX512` is true only in the instantiation called from the `avx512`
+            // module, whose functions run only where detection found AVX-512F.
+            unsafe { super::avx512_blocks::outer_block(a, b, stride, offset, out) };
+            return;
+        }
+        let mut acc = [[0f32; W]; R];
+        for (i, ai) in a.iter().enumerate() {
+            let bv: &[f32; W] = b[i * stride + offset..i * stride + offset + W]
+                .try_into()
+                .unwrap();
+            for r in 0..R {
+                for t in 0..W {
+                    acc[r][t] = fma::<FMA>(ai[r], bv[t], acc[r][t]);
+                }
+            }
+        }
+        *out = acc;
+    }
+
+    /// Scores, scale, mask, softmax and value product for the query rows
+    /// `first_row..first_row + out.len() / hidden` of one sequence, all heads.
+    #[inline(always)]
+    pub(super) fn attention_rows<const FMA: bool>(
+        task: &AttentionTask,
+        first_row: usize,
+        out: &mut [f32],
+    ) {
+        attention_rows_with::<FMA, false>(task, first_row, out)
+    }
+
+    /// [`attention_rows`], with the AVX-512 inner blocks when `AVX512`.
+    #[inline(always)]
+    pub(super) fn attention_rows_with<const FMA: bool, const AVX512: bool>(
+        task: &AttentionTask,
+        first_row: usize,
+        out: &mut [f32],
+    ) {
+        let AttentionTask {
+            qkv,
+            kt,
+            v,
+            mask,
+            heads,
+            l,
+            lp,
+            d,
+            dp,
+            scale,
+        } = *task;
+        let hidden = heads * d;
+        let stride = 3 * hidden;
+        let rows = out.len() / hidden;
+        // The additive mask over keys, padded with "excluded" up to lp.
+        let mut bias = vec![f32::MIN; lp];
+        match mask {
+            Some(m) => bias[..l].copy_from_slice(m),
+            None => bias[..l].fill(0.0),
+        }
+        let mut q = vec![[0f32; R]; d];
+        let mut s = vec![0f32; R * lp];
+        let mut p = vec![[0f32; R]; l];
+        for h in 0..heads {
+            let kt = &kt[h * d * lp..(h + 1) * d * lp];
+            let v = &v[h * l * dp..(h + 1) * l * dp];
+            for g in (0..rows).step_by(R) {
+                let valid = R.min(rows - g);
+                // Q rows of this group, transposed and pre-scaled; missing rows repeat the
+                // last one (computed, never written).
+                for r in 0..R {
+                    let i = first_row + g + r.min(valid - 1);
+                    let src = &qkv[i * stride + h * d..i * stride + h * d + d];
+                    for (qd, x) in q.iter_mut().zip(src) {
+                        qd[r] = x * scale;
+                    }
+                }
+                // S = Q·Kᵀ + mask, W keys at a time with R×W accumulators.
+                let mut acc = [[0f32; W]; R];
+                for jb in (0..lp).step_by(W) {
+                    outer_block::<FMA, AVX512>(&q, kt, lp, jb, &mut acc);
+                    let b: &[f32; W] = bias[jb..jb + W].try_into().unwrap();
+                    for r in 0..R {
+                        let dst: &mut [f32; W] =
+                            (&mut s[r * lp + jb..r * lp + jb + W]).try_into().unwrap();
+                        for t in 0..W {
+                            dst[t] = acc[r][t] + b[t];
+                        }
+                    }
+                }
+                // Softmax of each row; the padding past l has probability 0.
+                for r in 0..R {
+                    let row = &mut s[r * lp..(r + 1) * lp];
+                    let m = max(row);
+                    for x in row.iter_mut() {
+                        *x = exp::<FMA>(*x - m);
+                    }
+                    let inv = 1.0 / sum(row);
+                    for (j, pj) in p.iter_mut().enumerate() {
+                        pj[r] = row[j] * inv;
+                    }
+                }
+                // Context = P·V, W output columns at a time.
+                for db in (0..dp).step_by(W) {
+                    outer_block::<FMA, AVX512>(&p, v, dp, db, &mut acc);
+                    let width = W.min(d - db);
+                    for (r, a) in acc.iter().enumerate().take(valid) {
+                        let o = (g + r) * hidden + h * d + db;
+                        out[o..o + width].copy_from_slice(&a[..width]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What [`generic::pack_head`] needs about one (sequence, head).
+pub(crate) struct PackTask<'a> {
+    rows: &'a [f32],
+    stride: usize,
+    k_offset: usize,
+    v_offset: usize,
+    l: usize,
+    lp: usize,
+    d: usize,
+    dp: usize,
+}
+
+/// What [`generic::attention_rows`] needs about one sequence.
+pub(crate) struct AttentionTask<'a> {
+    /// The sequence's QKV rows, (L, 3·hidden).
+    qkv: &'a [f32],
+    /// Its keys per head, (heads, d, lp).
+    kt: &'a [f32],
+    /// Its values per head, (heads, L, dp).
+    v: &'a [f32],
+    /// Its additive key mask, (L).
+    mask: Option<&'a [f32]>,
+    heads: usize,
+    l: usize,
+    lp: usize,
+    d: usize,
+    dp: usize,
+    scale: f32,
+}
+
+/// `dst (m×n) += lhs (m×k) · rhs (k×n)`, all row-major, on rayon.
+fn gemm_f32(dst: &mut [f32], lhs: &[f32], rhs: &[f32], m: usize, k: usize, n: usize) {
+    assert!(dst.len() == m * n && lhs.len() == m * k && rhs.len() == k * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the lengths were checked above, and the strides (row stride = columns, column
+    // stride 1) keep every access of an m×k, k×n and m×n row-major matrix inside its slice.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            1,
+            n as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+fn contiguous_f32<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a [f32]> {
+    let data = match storage {
+        CpuStorage::F32(v) => v.as_slice(),
+        other => candle_core::bail!(
+            "{what}: expected f32, got {:?}",
+            candle_core::backend::BackendStorage::dtype(other)
+        ),
+    };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("{what}: expected a contiguous tensor"),
+    }
+}
+
+fn contiguous_u32<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a [u32]> {
+    let data = match storage {
+        CpuStorage::U32(v) => v.as_slice(),
+        other => candle_core::bail!(
+            "{what}: expected u32, got {:?}",
+            candle_core::backend::BackendStorage::dtype(other)
+        ),
+    };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("{what}: expected a contiguous tensor"),
+    }
+}
+
+/// The flat f32 contents of a tensor.
+fn to_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+}
+
+/// A LayerNorm's parameters.
+#[derive(Debug, Clone)]
+pub(crate) struct NormParams {
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    eps: f32,
+}
+
+impl NormParams {
+    pub(crate) fn from_layer_norm(
+        norm: &candle_nn::LayerNorm,
+        eps: f64,
+    ) -> candle_core::Result<Self> {
+        let gamma = to_vec(norm.weight())?;
+        let beta = match norm.bias() {
+            Some(b) => to_vec(b)?,
+            None => vec![0.0; gamma.len()],
+        };
+        Ok(Self {
+            gamma,
+            beta,
+            eps: eps as f32,
+        })
+    }
+}
+
+/// What a [`FusedLinear`] does to its output rows after the GEMM.
+#[derive(Debug, Clone)]
+pub(crate) enum Epilogue {
+    /// Nothing: `x·Wᵀ + b`.
+    None,
+    /// An activation: `act(x·Wᵀ + b)`.
+    Activation(Activation),
+    /// `LayerNorm(x·Wᵀ + b + residual)`; the residual is the op's second input.
+    ResidualNorm(NormParams),
+}
+
+/// A linear layer `x·Wᵀ + b` with its epilogue, weights stored transposed (k×n) at load.
+#[derive(Debug, Clone)]
+pub(crate) struct FusedLinear {
+    k: usize,
+    n: usize,
+    w_t: Vec<f32>,
+    bias: Vec<f32>,
+    epilogue: Epilogue,
+    isa: Isa,
+}
+
+impl FusedLinear {
+    /// From a candle `Linear` (weight n×k, optional bias n).
+    pub(crate) fn new(
+        linear: &candle_nn::Linear,
+        epilogue: Epilogue,
+        isa: Isa,
+    ) -> candle_core::Result<Self> {
+        let (n, k) = linear.weight().dims2()?;
+        let w_t = to_vec(&linear.weight().t()?.contiguous()?)?;
+        let bias = match linear.bias() {
+            Some(b) => to_vec(b)?,
+            None => vec![0.0; n],
+        };
+        if bias.len() != n {
+            candle_core::bail!("linear bias has {} values for {n} outputs", bias.len());
+        }
+        if let Epilogue::ResidualNorm(p) = &epilogue {
+            if p.gamma.len() != n || p.beta.len() != n {
+                candle_core::bail!("LayerNorm of {} for {n} outputs", p.gamma.len());
+            }
+        }
+        Ok(Self {
+            k,
+            n,
+            w_t,
+            bias,
+            epilogue,
+            isa,
+        })
+    }
+
+    fn out_shape(&self, layout: &Layout) -> candle_core::Result<(usize, Shape)> {
+        let dims = layout.dims();
+        match dims.last() {
+            Some(&k) if k == self.k => {}
+            _ => candle_core::bail!("fused linear: input {dims:?}, expected last dim {}", self.k),
+        }
+        let m = dims[..dims.len() - 1].iter().product();
+        let mut out = dims.to_vec();
+        *out.last_mut().expect("non-empty") = self.n;
+        Ok((m, Shape::from(out)))
+    }
+
+    fn run(&self, x: &[f32], m: usize, residual: Option<&[f32]>) -> Vec<f32> {
+        let n = self.n;
+        let mut out = Vec::with_capacity(m * n);
+        match residual {
+            Some(res) => {
+                for row in res.chunks_exact(n) {
+                    out.extend(row.iter().zip(&self.bias).map(|(r, b)| r + b));
+                }
+            }
+            None => {
+                for _ in 0..m {
+                    out.extend_from_slice(&self.bias);
+                }
+            }
+        }
+        gemm_f32(&mut out, x, &self.w_t, m, self.k, n);
+        let isa = self.isa;
+        match &self.epilogue {
+            Epilogue::None => {}
+            Epilogue::Activation(a) => {
+                let a = *a;
+                out.par_chunks_mut(EPILOGUE_ROWS * n)
+                    .for_each(|rows| dispatch!(isa, activate(rows, a)));
+            }
+            Epilogue::ResidualNorm(p) => {
+                out.par_chunks_mut(EPILOGUE_ROWS * n).for_each(|rows| {
+                    dispatch!(isa, layer_norm_rows(rows, &p.gamma, &p.beta, p.eps))
+                });
+            }
+        }
+        out
+    }
+}
+
+impl CustomOp1 for FusedLinear {
+    fn name(&self) -> &'static str {
+        "decide-fused-linear"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        if matches!(self.epilogue, Epilogue::ResidualNorm(_)) {
+            candle_core::bail!("fused linear: the residual epilogue needs the residual input");
+        }
+        let (m, shape) = self.out_shape(l)?;
+        let x = contiguous_f32(s, l, "fused linear input")?;
+        Ok((CpuStorage::F32(self.run(x, m, None)), shape))
+    }
+}
+
+impl CustomOp2 for FusedLinear {
+    fn name(&self) -> &'static str {
+        "decide-fused-linear-residual"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        if !matches!(self.epilogue, Epilogue::ResidualNorm(_)) {
+            candle_core::bail!("fused linear: a residual input without the residual epilogue");
+        }
+        let (m, shape) = self.out_shape(l1)?;
+        if l2.dims() != shape.dims() {
+            candle_core::bail!(
+                "fused linear: residual {:?}, expected {:?}",
+                l2.dims(),
+                shape.dims()
+            );
+        }
+        let x = contiguous_f32(s1, l1, "fused linear input")?;
+        let res = contiguous_f32(s2, l2, "fused linear residual")?;
+        Ok((CpuStorage::F32(self.run(x, m, Some(res))), shape))
+    }
+}
+
+/// Multi-head self-attention over fused QKV rows (B, L, 3·hidden) → context (B, L, hidden);
+/// the optional second input is the additive key mask (B·L values, e.g. (B, 1, 1, L)).
+#[derive(Debug, Clone)]
+pub(crate) struct FusedAttention {
+    heads: usize,
+    head_dim: usize,
+    isa: Isa,
+}
+
+impl FusedAttention {
+    pub(crate) fn new(heads: usize, head_dim: usize, isa: Isa) -> Self {
+        Self {
+            heads,
+            head_dim,
+            isa,
+        }
+    }
+
+    fn run(
+        &self,
+        qkv: &[f32],
+        layout: &Layout,
+        mask: Option<&[f32]>,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (heads, d) = (self.heads, self.head_dim);
+        let hidden = heads * d;
+        let (b, l) = match layout.dims() {
+            &[b, l, w] if w == 3 * hidden => (b, l),
+            dims => candle_core::bail!(
+                "fused attention: qkv {dims:?}, expected (B, L, {})",
+                3 * hidden
+            ),
+        };
+        if let Some(m) = mask {
+            if m.len() != b * l {
+                candle_core::bail!("fused attention: mask of {} values for {b}×{l}", m.len());
+            }
+        }
+        let lp = round_up(l.max(1), W);
+        let dp = round_up(d.max(1), W);
+        let isa = self.isa;
+        // Keys transposed and values padded, per (sequence, head), in parallel.
+        let mut kt = vec![0f32; b * heads * d * lp];
+        let mut v = vec![0f32; b * heads * l * dp];
+        if l > 0 && d > 0 {
+            kt.par_chunks_mut(d * lp)
+                .zip(v.par_chunks_mut(l * dp))
+                .enumerate()
+                .for_each(|(bh, (kt, v))| {
+                    let (seq, h) = (bh / heads, bh % heads);
+                    let task = PackTask {
+                        rows: &qkv[seq * l * 3 * hidden..(seq + 1) * l * 3 * hidden],
+                        stride: 3 * hidden,
+                        k_offset: hidden + h * d,
+                        v_offset: 2 * hidden + h * d,
+                        l,
+                        lp,
+                        d,
+                        dp,
+                    };
+                    dispatch!(isa, pack_head(&task, kt, v));
+                });
+        }
+        let mut out = vec![0f32; b * l * hidden];
+        let scale = 1.0 / (d as f32).sqrt();
+        if l > 0 && hidden > 0 {
+            out.par_chunks_mut(l * hidden)
+                .enumerate()
+                .for_each(|(seq, out)| {
+                    let task = AttentionTask {
+                        qkv: &qkv[seq * l * 3 * hidden..(seq + 1) * l * 3 * hidden],
+                        kt: &kt[seq * heads * d * lp..(seq + 1) * heads * d * lp],
+                        v: &v[seq * heads * l * dp..(seq + 1) * heads * l * dp],
+                        mask: mask.map(|m| &m[seq * l..(seq + 1) * l]),
+                        heads,
+                        l,
+                        lp,
+                        d,
+                        dp,
+                        scale,
+                    };
+                    out.par_chunks_mut(ROWS_PER_TASK * hidden)
+                        .enumerate()
+                        .for_each(|(block, out)| {
+                            dispatch!(isa, attention_rows(&task, block * ROWS_PER_TASK, out))
+                        });
+                });
+        }
+        Ok((CpuStorage::F32(out), Shape::from((b, l, hidden))))
+    }
+}
+
+impl CustomOp1 for FusedAttention {
+    fn name(&self) -> &'static str {
+        "decide-fused-attention"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let qkv = contiguous_f32(s, l, "fused attention qkv")?;
+        self.run(qkv, l, None)
+    }
+}
+
+impl CustomOp2 for FusedAttention {
+    fn name(&self) -> &'static str {
+        "decide-fused-attention-masked"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let qkv = contiguous_f32(s1, l1, "fused attention qkv")?;
+        let mask = contiguous_f32(s2, l2, "fused attention mask")?;
+        self.run(qkv, l1, Some(mask))
+    }
+}
+
+/// Word + token-type + position embeddings and their LayerNorm, in one op over
+/// (ids, type ids, positions), each (B, L) u32.
+#[derive(Debug, Clone)]
+pub(crate) struct FusedEmbeddings {
+    hidden: usize,
+    words: Vec<f32>,
+    types: Vec<f32>,
+    positions: Vec<f32>,
+    norm: NormParams,
+    isa: Isa,
+}
+
+impl FusedEmbeddings {
+    pub(crate) fn new(
+        words: &Tensor,
+        types: &Tensor,
+        positions: &Tensor,
+        norm: NormParams,
+        isa: Isa,
+    ) -> candle_core::Result<Self> {
+        let hidden = words.dim(1)?;
+        if types.dim(1)? != hidden || positions.dim(1)? != hidden || norm.gamma.len() != hidden {
+            candle_core::bail!("embedding tables of different widths");
+        }
+        Ok(Self {
+            hidden,
+            words: to_vec(words)?,
+            types: to_vec(types)?,
+            positions: to_vec(positions)?,
+            norm,
+            isa,
+        })
+    }
+}
+
+impl CustomOp3 for FusedEmbeddings {
+    fn name(&self) -> &'static str {
+        "decide-fused-embeddings"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let ids = contiguous_u32(s1, l1, "token ids")?;
+        let types = contiguous_u32(s2, l2, "token type ids")?;
+        let positions = contiguous_u32(s3, l3, "positions")?;
+        if types.len() != ids.len() || positions.len() != ids.len() {
+            candle_core::bail!("embeddings: ids, type ids and positions differ in length");
+        }
+        let h = self.hidden;
+        let table =
+            |t: &[f32], i: u32, what: &str| -> candle_core::Result<std::ops::Range<usize>> {
+                let start = i as usize * h;
+                if start + h > t.len() {
+                    candle_core::bail!("{what} {i} is out of range ({} rows)", t.len() / h);
+                }
+                Ok(start..start + h)
+            };
+        let mut out = vec![0f32; ids.len() * h];
+        for (t, row) in out.chunks_exact_mut(h).enumerate() {
+            let w = table(&self.words, ids[t], "token id")?;
+            let ty = table(&self.types, types[t], "token type id")?;
+            let p = table(&self.positions, positions[t], "position")?;
+            for (((o, a), b), c) in row
+                .iter_mut()
+                .zip(&self.words[w])
+                .zip(&self.types[ty])
+                .zip(&self.positions[p])
+            {
+                *o = a + b + c;
+            }
+        }
+        let isa = self.isa;
+        let n = &self.norm;
+        out.par_chunks_mut(EPILOGUE_ROWS * h)
+            .for_each(|rows| dispatch!(isa, layer_norm_rows(rows, &n.gamma, &n.beta, n.eps)));
+        let mut shape = l1.dims().to_vec();
+        shape.push(h);
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Module, Tensor, D};
+    use candle_nn::{Embedding, LayerNorm, Linear};
+
+    use super::*;
+
+    /// Every level this CPU runs: the detected one and all below it.
+    fn levels() -> Vec<Isa> {
+        let best = Isa::detect();
+        let mut out = vec![best];
+        for cap in [IsaCap::Avx2, IsaCap::Portable] {
+            let isa = best.capped(cap);
+            if !out.contains(&isa) {
+                out.push(isa);
+            }
+        }
+        out
+    }
+
+    fn randn(shape: &[usize]) -> Tensor {
+        Tensor::randn(0f32, 1.0, shape, &Device::Cpu).unwrap()
+    }
+
+    /// Largest |a - b| / (1 + |b|) over all elements.
+    fn max_err(a: &Tensor, b: &Tensor) -> f32 {
+        assert_eq!(a.dims(), b.dims());
+        let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| {
+                assert!(x.is_finite(), "non-finite output {x}");
+                (x - y).abs() / (1.0 + y.abs())
+            })
+            .fold(0.0, f32::max)
+    }
+
+    fn norm(n: usize) -> (LayerNorm, NormParams) {
+        let gamma = randn(&[n]).affine(0.3, 1.0).unwrap();
+        let beta = (randn(&[n]) * 0.1).unwrap();
+        let ln = LayerNorm::new(gamma, beta, 1e-12);
+        let p = NormParams::from_layer_norm(&ln, 1e-12).unwrap();
+        (ln, p)
+    }
+
+    // Shapes with tails: nothing here is a multiple of the vector width except the real
+    // MiniLM widths.
+    const SHAPES: [(usize, usize, usize); 6] = [
+        (1, 1, 1),
+        (3, 5, 7),
+        (17, 33, 19),
+        (40, 384, 1152),
+        (9, 1536, 384),
+        (130, 384, 384),
+    ];
+
+    #[test]
+    fn exp_and_erf_are_accurate() {
+        for i in -2000..=2000 {
+            let x = i as f32 * 0.05;
+            let want = (x as f64).exp();
+            let got = generic::exp::<false>(x) as f64;
+            if x >= -87.0 {
+                assert!(
+                    (got - want).abs() <= 3e-7 * want,
+                    "exp({x}) = {got}, want {want}"
+                );
+            } else {
+                assert_eq!(got, 0.0);
+            }
+        }
+        assert_eq!(generic::exp::<false>(f32::MIN), 0.0);
+        assert_eq!(generic::exp::<false>(f32::NEG_INFINITY), 0.0);
+        let x: Vec<f32> = (-400..=400).map(|i| i as f32 * 0.02).collect();
+        let t = Tensor::new(x.as_slice(), &Device::Cpu).unwrap();
+        let want = t.gelu_erf().unwrap().to_vec1::<f32>().unwrap();
+        let mut got = x.clone();
+        generic::activate::<false>(&mut got, Activation::Gelu);
+        for ((g, w), x) in got.iter().zip(&want).zip(&x) {
+            assert!((g - w).abs() < 2e-6, "gelu({x}) = {g}, want {w}");
+        }
+    }
+
+    #[test]
+    fn linear_with_each_epilogue_matches_candle() {
+        for isa in levels() {
+            for &(m, k, n) in &SHAPES {
+                let w = (randn(&[n, k]) * (1.0 / (k as f64).sqrt())).unwrap();
+                let b = randn(&[n]);
+                let linear = Linear::new(w, Some(b));
+                let x = randn(&[1, m, k]);
+                let plain = linear.forward(&x).unwrap();
+
+                let op = FusedLinear::new(&linear, Epilogue::None, isa).unwrap();
+                let err = max_err(&x.apply_op1_no_bwd(&op).unwrap(), &plain);
+                assert!(err < 1e-5, "{isa:?} {m}x{k}x{n} linear: {err}");
+
+                for (act, want) in [
+                    (Activation::Gelu, plain.gelu_erf().unwrap()),
+                    (Activation::GeluTanh, plain.gelu().unwrap()),
+                    (Activation::Relu, plain.relu().unwrap()),
+                ] {
+                    let op = FusedLinear::new(&linear, Epilogue::Activation(act), isa).unwrap();
+                    let err = max_err(&x.apply_op1_no_bwd(&op).unwrap(), &want);
+                    assert!(err < 1e-5, "{isa:?} {m}x{k}x{n} {act:?}: {err}");
+                }
+
+                let residual = randn(&[1, m, n]);
+                let (ln, p) = norm(n);
+                let want = ln.forward(&(&plain + &residual).unwrap()).unwrap();
+                let op = FusedLinear::new(&linear, Epilogue::ResidualNorm(p), isa).unwrap();
+                let got = x.apply_op2_no_bwd(&residual, &op).unwrap();
+                let err = max_err(&got, &want);
+                // A row of one value normalizes to beta exactly in both; otherwise the
+                // variance of a near-constant row amplifies rounding: 1e-4 is still tight.
+                assert!(err < 1e-4, "{isa:?} {m}x{k}x{n} residual+norm: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn linear_refuses_bad_inputs_with_errors() {
+        let linear = Linear::new(randn(&[4, 3]), None);
+        let op = FusedLinear::new(&linear, Epilogue::None, Isa::portable()).unwrap();
+        let err = randn(&[2, 5])
+            .apply_op1_no_bwd(&op)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected last dim 3"), "{err}");
+        let transposed = randn(&[3, 2]).t().unwrap();
+        let err = transposed.apply_op1_no_bwd(&op).unwrap_err().to_string();
+        assert!(err.contains("contiguous"), "{err}");
+    }
+
+    /// The attention of the stock layer, op for op.
+    fn stock_attention(qkv: &Tensor, bias: Option<&Tensor>, heads: usize, d: usize) -> Tensor {
+        let (b, l, _) = qkv.dims3().unwrap();
+        let qkv = qkv
+            .reshape((b, l, 3, heads, d))
+            .unwrap()
+            .permute((2, 0, 3, 1, 4))
+            .unwrap();
+        let scale = 1.0 / (d as f64).sqrt();
+        let q = (qkv.get(0).unwrap().contiguous().unwrap() * scale).unwrap();
+        let k = qkv.get(1).unwrap().contiguous().unwrap();
+        let v = qkv.get(2).unwrap().contiguous().unwrap();
+        let mut scores = q.matmul(&k.t().unwrap()).unwrap();
+        if let Some(bias) = bias {
+            scores = scores.broadcast_add(bias).unwrap();
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+        probs
+            .matmul(&v)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .reshape((b, l, heads * d))
+            .unwrap()
+    }
+
+    #[test]
+    fn attention_matches_candle_with_and_without_mask() {
+        let cases = [
+            (1, 1, 1, 4),
+            (2, 5, 3, 8),
+            (3, 17, 2, 20),
+            (2, 40, 12, 32),
+            (1, 130, 4, 64),
+            (4, 33, 1, 3),
+        ];
+        for isa in levels() {
+            for &(b, l, heads, d) in &cases {
+                let qkv = (randn(&[b, l, 3 * heads * d]) * 2.0).unwrap();
+                let op = FusedAttention::new(heads, d, isa);
+                let want = stock_attention(&qkv, None, heads, d);
+                let err = max_err(&qkv.apply_op1_no_bwd(&op).unwrap(), &want);
+                assert!(err < 1e-5, "{isa:?} b{b} l{l} h{heads} d{d}: {err}");
+
+                // Padding at the end of every row but the first, as the batches have it.
+                let mut mask = vec![0f32; b * l];
+                for row in 1..b {
+                    let n = 1 + (row * 7) % l;
+                    mask[row * l + n..(row + 1) * l].fill(f32::MIN);
+                }
+                let mask = Tensor::from_vec(mask, (b, 1, 1, l), &Device::Cpu).unwrap();
+                let want = stock_attention(&qkv, Some(&mask), heads, d);
+                let err = max_err(&qkv.apply_op2_no_bwd(&mask, &op).unwrap(), &want);
+                assert!(err < 1e-5, "{isa:?} masked b{b} l{l} h{heads} d{d}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn embeddings_match_candle() {
+        for isa in levels() {
+            for (b, l, h) in [(1, 1, 8), (2, 7, 20), (3, 40, 384)] {
+                let (vocab, types, positions) = (50usize, 2usize, 64usize);
+                let words = Embedding::new(randn(&[vocab, h]), h);
+                let ty = Embedding::new(randn(&[types, h]), h);
+                let pos = Embedding::new(randn(&[positions, h]), h);
+                let (ln, p) = norm(h);
+                let ids: Vec<u32> = (0..b * l).map(|i| ((i * 13) % vocab) as u32).collect();
+                let tys: Vec<u32> = (0..b * l).map(|i| (i % types) as u32).collect();
+                let ps: Vec<u32> = (0..b * l).map(|i| (i % l) as u32).collect();
+                let ids = Tensor::from_vec(ids, (b, l), &Device::Cpu).unwrap();
+                let tys = Tensor::from_vec(tys, (b, l), &Device::Cpu).unwrap();
+                let ps = Tensor::from_vec(ps, (b, l), &Device::Cpu).unwrap();
+                let x = (words.forward(&ids).unwrap() + ty.forward(&tys).unwrap()).unwrap();
+                let x = (x + pos.forward(&ps).unwrap()).unwrap();
+                let want = ln.forward(&x).unwrap();
+                let op = FusedEmbeddings::new(
+                    words.embeddings(),
+                    ty.embeddings(),
+                    pos.embeddings(),
+                    p,
+                    isa,
+                )
+                .unwrap();
+                let got = ids.apply_op3_no_bwd(&tys, &ps, &op).unwrap();
+                let err = max_err(&got, &want);
+                assert!(err < 1e-5, "{isa:?} b{b} l{l} h{h}: {err}");
+                assert_eq!(got.dim(D::Minus1).unwrap(), h);
+
+                let bad = Tensor::new(&[[vocab as u32]], &Device::Cpu).unwrap();
+                let zero = Tensor::new(&[[0u32]], &Device::Cpu).unwrap();
+                let err = bad
+                    .apply_op3_no_bwd(&zero, &zero, &op)
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("token id 50 is out of range"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn levels_are_never_raised() {
+        let portable = Isa::portable();
+        assert_eq!(portable.capped(IsaCap::Best), portable);
+        assert_eq!(portable.capped(IsaCap::Avx2), portable);
+        assert_eq!(Isa::detect().capped(IsaCap::Portable).name(), "portable");
+    }
+}

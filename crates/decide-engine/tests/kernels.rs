@@ -1,0 +1,121 @@
+//! The fused CPU kernels against candle's own ops (`CpuKernels::Stock`, the reference path),
+//! whole models on the fixtures: cross-encoder logits within 1% relative (the target;
+//! in practice they agree to about 1e-6), bi-encoder cosine of pooled embeddings ≥ 0.9999, at
+//! every instruction-set level this CPU runs, including the portable fallback.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::{fixtures, relative_close};
+use decide_engine::{CpuKernels, Engine};
+use serde_json::Value;
+
+/// The fused choices to test: the detected level and the forced-down ones.
+const FUSED: [CpuKernels; 3] = [CpuKernels::Auto, CpuKernels::Avx2, CpuKernels::Portable];
+
+fn load(model: &str, kernels: CpuKernels) -> Engine {
+    Engine::builder()
+        .model(model)
+        .cpu_kernels(kernels)
+        // Several batches of different lengths, so padding and the mask are exercised.
+        .max_batch_tokens(64)
+        .cache_capacity(0)
+        .allow_uncalibrated(true)
+        .build()
+        .unwrap()
+}
+
+fn reference(dir: &str) -> Value {
+    let text = std::fs::read_to_string(fixtures().join(dir).join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn check_classifier(dir: &str) {
+    let model = fixtures().join(dir);
+    let model = model.to_str().unwrap();
+    let r = reference(dir);
+    let pairs: Vec<(String, String)> = r["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()))
+        .collect();
+    let refs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let stock = load(model, CpuKernels::Stock);
+    assert_eq!(stock.kernels(), "stock");
+    let want = stock.classify_pairs(&refs).unwrap();
+    for kernels in FUSED {
+        let fused = load(model, kernels);
+        assert!(fused.kernels().starts_with("fused-"), "{}", fused.kernels());
+        let got = fused.classify_pairs(&refs).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            for (g, w) in g.iter().zip(w) {
+                assert!(
+                    relative_close(*g as f64, *w as f64, 0.01) && (g - w).abs() < 1e-4,
+                    "{dir} {kernels:?} ({}): logit {g} vs stock {w}",
+                    fused.kernels()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn tiny_bert_classifiers_match_the_stock_path() {
+    check_classifier("tiny-bert-1");
+    check_classifier("tiny-bert-3");
+}
+
+#[test]
+fn tiny_xlm_roberta_classifiers_match_the_stock_path() {
+    check_classifier("tiny-xlmr-1");
+    check_classifier("tiny-xlmr-3");
+}
+
+fn minilm_stock() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| load("all-MiniLM-L6-v2", CpuKernels::Stock))
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+#[test]
+fn minilm_embeddings_match_the_stock_path() {
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("minilm-embeddings.json")).unwrap(),
+    )
+    .unwrap();
+    let mut texts: Vec<String> = r["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    // Long rows too (up to the model's 256 tokens), next to one-word ones in the same batch.
+    texts.push("calendar ".repeat(300));
+    texts.push("find the cheapest flight to Lisbon next week, then email it to Ana ".repeat(5));
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let want = minilm_stock().embed(&refs).unwrap();
+    for kernels in FUSED {
+        let fused = load("all-MiniLM-L6-v2", kernels);
+        let got = fused.embed(&refs).unwrap();
+        for ((g, w), text) in got.iter().zip(&want).zip(&texts) {
+            let c = cosine(g, w);
+            assert!(
+                c >= 0.9999,
+                "{kernels:?} ({}): cosine {c} for {text:.40}",
+                fused.kernels()
+            );
+        }
+    }
+}
