@@ -1,0 +1,398 @@
+//! A [`ToolProvider`] backed by an MCP server, over stdio (a command the provider starts) or streamable HTTP, with
+//! the `rmcp` crate.
+//!
+//! [`McpToolProvider::stdio`] and [`McpToolProvider::http`] connect, initialise the session and list the server's
+//! tools (`tools/list`, every page). Each becomes a [`ToolSpecification`] with its name, description and input
+//! schema, and with the server's metadata under [`METADATA_MCP`]: the server's name, the tool's title, annotations
+//! and `_meta`, so a filter or a log can tell where a tool comes from. Its executor sends `tools/call` and returns the
+//! text of the result; a result the server marks as an error (`isError`) is a failed call, which the agent shows to
+//! the LLM.
+//!
+//! # Design
+//!
+//! * **Listed once, refreshed on demand.** `provide_tools` hands out the tools listed at connection (or at the last
+//!   [`refresh`](McpToolProvider::refresh)) without I/O, so it is cheap and safe to call from anywhere, and a
+//!   filtering provider around it decides on a stable list.
+//! * **Nothing hangs.** Connecting, listing and every call are bounded by [`McpOptions::timeout`]; a server that dies
+//!   makes the pending and later calls fail with an error naming the server, never a hang.
+//! * **Synchronous executors, asynchronous client.** Provider executors are synchronous (the agent runs them on the
+//!   blocking pool), the MCP session is asynchronous: a call runs on a scoped thread that drives it on the session's
+//!   runtime, which works from the blocking pool and from plain threads alike.
+//! * **The child is the provider's.** A stdio server is stopped when the provider is dropped (rmcp kills the child
+//!   process with its transport).
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), decide_mcp::McpError> {
+//! use decide_mcp::{McpOptions, McpToolProvider};
+//! let provider = McpToolProvider::stdio("npx", ["-y", "@modelcontextprotocol/server-everything"], McpOptions::default()).await?;
+//! println!("{} tools from {}", provider.tool_names().len(), provider.server_name());
+//! # Ok(()) }
+//! ```
+//!
+//! [`ToolProvider`]: decide_chat::ToolProvider
+#![deny(missing_docs)]
+
+use std::borrow::Cow;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use decide_chat::{
+    InvocationContext, ProvidedTool, ToolExecutionError, ToolExecutor, ToolProvider,
+    ToolProviderError, ToolProviderRequest, ToolProviderResult, ToolSpecification,
+};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
+use rmcp::service::{Peer, RunningService};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Map, Value};
+
+/// The metadata key of a tool specification holding what the MCP server said about the tool:
+/// `{"server": name, "title", "annotations", "meta"}` (the parts the server gave).
+pub const METADATA_MCP: &str = "mcp";
+
+/// The default timeout of connecting, listing and each call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why an MCP server could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum McpError {
+    /// The server could not be started or connected to, or the session could not be initialised.
+    #[error("MCP server {server}: cannot connect: {message}")]
+    Connect {
+        /// The command or URL.
+        server: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The server did not answer in time.
+    #[error("MCP server {server}: no answer to {what} within {timeout:?}")]
+    Timeout {
+        /// The server's name, or its command or URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// The timeout that expired.
+        timeout: Duration,
+    },
+    /// The server answered with an error, or the session ended (the server died).
+    #[error("MCP server {server}: {what} failed: {message}")]
+    Request {
+        /// The server's name, or its command or URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// The server's error, or why the session ended.
+        message: String,
+    },
+}
+
+/// How to talk to a server.
+#[derive(Debug, Clone)]
+pub struct McpOptions {
+    /// The timeout of connecting, listing and each call (default [`DEFAULT_TIMEOUT`]).
+    pub timeout: Duration,
+}
+
+impl Default for McpOptions {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl McpOptions {
+    /// These options with another timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+struct Session {
+    service: RunningService<RoleClient, ()>,
+    runtime: tokio::runtime::Handle,
+    server: String,
+    timeout: Duration,
+}
+
+impl Session {
+    fn peer(&self) -> &Peer<RoleClient> {
+        self.service.peer()
+    }
+
+    async fn call(
+        &self,
+        name: &str,
+        arguments: &str,
+    ) -> Result<CallToolResult, ToolExecutionError> {
+        let arguments = parse_arguments(arguments)?;
+        let mut params = CallToolRequestParams::new(Cow::Owned(name.to_owned()));
+        if let Some(arguments) = arguments {
+            params = params.with_arguments(arguments);
+        }
+        let what = format!("tools/call {name}");
+        match tokio::time::timeout(self.timeout, self.peer().call_tool(params)).await {
+            Err(_) => Err(ToolExecutionError::Failed(Box::new(McpError::Timeout {
+                server: self.server.clone(),
+                what,
+                timeout: self.timeout,
+            }))),
+            Ok(Err(error)) => Err(ToolExecutionError::Failed(Box::new(McpError::Request {
+                server: self.server.clone(),
+                what,
+                message: error.to_string(),
+            }))),
+            Ok(Ok(result)) => Ok(result),
+        }
+    }
+}
+
+/// Blank text or `null` is no arguments; anything but an object is refused before it reaches the server.
+fn parse_arguments(arguments: &str) -> Result<Option<Map<String, Value>>, ToolExecutionError> {
+    if arguments.trim().is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(map)) => Ok(Some(map)),
+        Ok(Value::Null) => Ok(None),
+        Ok(other) => Err(ToolExecutionError::InvalidArguments(format!(
+            "expected a JSON object, got {other}"
+        ))),
+        Err(error) => Err(ToolExecutionError::InvalidArguments(format!(
+            "not JSON: {error}"
+        ))),
+    }
+}
+
+/// The text of a call's result: the text blocks joined with newlines, other blocks as their JSON, the structured
+/// content when there is nothing else.
+pub fn result_text(result: &CallToolResult) -> String {
+    let mut parts = Vec::new();
+    for block in &result.content {
+        match block {
+            ContentBlock::Text(text) => parts.push(text.text.clone()),
+            other => parts.push(serde_json::to_string(other).unwrap_or_default()),
+        }
+    }
+    if parts.is_empty() {
+        if let Some(structured) = &result.structured_content {
+            return structured.to_string();
+        }
+    }
+    parts.join("\n")
+}
+
+/// Runs `tools/call` for one tool of a session.
+struct McpExecutor {
+    session: Arc<Session>,
+    name: String,
+}
+
+impl ToolExecutor for McpExecutor {
+    fn execute(
+        &self,
+        arguments: &str,
+        _context: &InvocationContext,
+    ) -> Result<String, ToolExecutionError> {
+        let session = Arc::clone(&self.session);
+        // A thread of its own drives the call on the session's runtime: `Handle::block_on` must not run on a
+        // runtime thread, and this executor may be called from one.
+        let result = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    session
+                        .runtime
+                        .block_on(session.call(&self.name, arguments))
+                })
+                .join()
+                .map_err(|_| ToolExecutionError::failed("the MCP call panicked"))?
+        })?;
+        let text = result_text(&result);
+        if result.is_error == Some(true) {
+            return Err(ToolExecutionError::failed(text));
+        }
+        Ok(text)
+    }
+}
+
+/// A [`ToolProvider`] handing out the tools of one MCP server.
+pub struct McpToolProvider {
+    session: Arc<Session>,
+    tools: RwLock<Vec<ProvidedTool>>,
+}
+
+impl McpToolProvider {
+    /// Starts `command` with `args`, connects to it over its standard input and output, and lists its tools.
+    ///
+    /// Must be called within a Tokio runtime, which then runs the session; the server is stopped when the provider
+    /// is dropped.
+    pub async fn stdio<I, S>(command: &str, args: I, options: McpOptions) -> Result<Self, McpError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let mut process = tokio::process::Command::new(command);
+        process.args(args);
+        let server = command.to_owned();
+        let connect_error = |message: String| McpError::Connect {
+            server: server.clone(),
+            message,
+        };
+        let transport = TokioChildProcess::new(process)
+            .map_err(|error| connect_error(format!("cannot start it: {error}")))?;
+        let service = tokio::time::timeout(options.timeout, ().serve(transport))
+            .await
+            .map_err(|_| McpError::Timeout {
+                server: server.clone(),
+                what: "initialize".into(),
+                timeout: options.timeout,
+            })?
+            .map_err(|error| connect_error(error.to_string()))?;
+        Self::connected(service, server, options).await
+    }
+
+    /// Connects to the streamable HTTP MCP endpoint at `url` (e.g. `http://localhost:3001/mcp`) and lists its
+    /// tools. Must be called within a Tokio runtime, which then runs the session.
+    pub async fn http(url: &str, options: McpOptions) -> Result<Self, McpError> {
+        let transport = StreamableHttpClientTransport::from_uri(url.to_owned());
+        let service = tokio::time::timeout(options.timeout, ().serve(transport))
+            .await
+            .map_err(|_| McpError::Timeout {
+                server: url.to_owned(),
+                what: "initialize".into(),
+                timeout: options.timeout,
+            })?
+            .map_err(|error| McpError::Connect {
+                server: url.to_owned(),
+                message: error.to_string(),
+            })?;
+        Self::connected(service, url.to_owned(), options).await
+    }
+
+    async fn connected(
+        service: RunningService<RoleClient, ()>,
+        address: String,
+        options: McpOptions,
+    ) -> Result<Self, McpError> {
+        let server = service
+            .peer_info()
+            .and_then(|info| info.server_info.as_ref().map(|i| i.name.clone()))
+            .filter(|name| !name.trim().is_empty())
+            .unwrap_or(address);
+        let session = Arc::new(Session {
+            service,
+            runtime: tokio::runtime::Handle::current(),
+            server,
+            timeout: options.timeout,
+        });
+        let provider = Self {
+            session,
+            tools: RwLock::new(Vec::new()),
+        };
+        provider.refresh().await?;
+        Ok(provider)
+    }
+
+    /// Lists the server's tools again (`tools/list`, every page) and hands out the new list from now on.
+    pub async fn refresh(&self) -> Result<(), McpError> {
+        let session = &self.session;
+        let listed = tokio::time::timeout(session.timeout, session.peer().list_all_tools())
+            .await
+            .map_err(|_| McpError::Timeout {
+                server: session.server.clone(),
+                what: "tools/list".into(),
+                timeout: session.timeout,
+            })?
+            .map_err(|error| McpError::Request {
+                server: session.server.clone(),
+                what: "tools/list".into(),
+                message: error.to_string(),
+            })?;
+        let tools = listed
+            .into_iter()
+            .map(|tool| {
+                let mut metadata = Map::new();
+                metadata.insert("server".into(), json!(session.server));
+                if let Some(title) = &tool.title {
+                    metadata.insert("title".into(), json!(title));
+                }
+                if let Some(annotations) = &tool.annotations {
+                    metadata.insert(
+                        "annotations".into(),
+                        serde_json::to_value(annotations).unwrap_or(Value::Null),
+                    );
+                }
+                if let Some(meta) = &tool.meta {
+                    metadata.insert(
+                        "meta".into(),
+                        serde_json::to_value(meta).unwrap_or(Value::Null),
+                    );
+                }
+                let mut specification = ToolSpecification::new(tool.name.to_string())
+                    .with_parameters(Value::Object((*tool.input_schema).clone()));
+                if let Some(description) = &tool.description {
+                    specification = specification.with_description(description.to_string());
+                }
+                specification
+                    .metadata
+                    .insert(METADATA_MCP.into(), Value::Object(metadata));
+                let executor = McpExecutor {
+                    session: Arc::clone(session),
+                    name: tool.name.to_string(),
+                };
+                ProvidedTool::new(specification).with_executor(Arc::new(executor))
+            })
+            .collect();
+        *self.tools.write().unwrap_or_else(|e| e.into_inner()) = tools;
+        Ok(())
+    }
+
+    /// The server's name (from its `serverInfo`), or its command or URL if it gave none.
+    pub fn server_name(&self) -> &str {
+        &self.session.server
+    }
+
+    /// The names of the listed tools, in the server's order.
+    pub fn tool_names(&self) -> Vec<String> {
+        self.tools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|t| t.name().to_owned())
+            .collect()
+    }
+
+    /// Calls a tool directly (`tools/call`), bounded by the timeout; the text of the result, or the server's error.
+    pub async fn call(&self, name: &str, arguments: &str) -> Result<String, ToolExecutionError> {
+        let result = self.session.call(name, arguments).await?;
+        let text = result_text(&result);
+        if result.is_error == Some(true) {
+            return Err(ToolExecutionError::failed(text));
+        }
+        Ok(text)
+    }
+}
+
+impl ToolProvider for McpToolProvider {
+    fn provide_tools(
+        &self,
+        _request: &ToolProviderRequest,
+    ) -> Result<ToolProviderResult, ToolProviderError> {
+        Ok(ToolProviderResult::new(
+            self.tools.read().unwrap_or_else(|e| e.into_inner()).clone(),
+        ))
+    }
+}
+
+impl std::fmt::Debug for McpToolProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpToolProvider")
+            .field("server", &self.session.server)
+            .field("tools", &self.tool_names())
+            .finish()
+    }
+}
