@@ -741,3 +741,152 @@ async fn models_and_health() {
     let got: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(got["status"], "ok");
 }
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather and forecast for a city", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "send_email", "description": "Send an email to a contact", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "create_invoice", "description": "Create an invoice for a customer", "parameters": {"type": "object"}}}
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_answers_like_the_filter_over_the_engine() {
+    use std::sync::Arc;
+
+    let app = app();
+    let text = "Will it rain in Oslo tomorrow?";
+    let (status, got) = post(
+        &app,
+        "/v1/select",
+        json!({"text": text, "tools": tools(), "max_results": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let filter = decide_filter::FilteringToolProvider::builder()
+        .tool_provider(Arc::new(
+            decide_chat::StaticToolProvider::from_specifications(
+                decide_chat::parse_tools(&tools()).unwrap(),
+            ),
+        ))
+        .decision_model(Arc::new(engine().clone()))
+        .max_results(1)
+        .build()
+        .unwrap();
+    let user = decide_chat::ChatMessage::user(text);
+    let decide_chat::ChatMessage::User(u) = user.clone() else {
+        unreachable!()
+    };
+    let expected = filter
+        .select(
+            &decide_chat::ToolProviderRequest::builder(u)
+                .messages(vec![user])
+                .build(),
+        )
+        .unwrap();
+    let scores = got["scores"].as_array().unwrap();
+    assert_eq!(scores.len(), 3);
+    for (s, d) in scores.iter().zip(&expected.decisions) {
+        assert_eq!(s["name"], d.name.as_str());
+        match d.probability {
+            Some(p) => assert!(close(s["probability"].as_f64().unwrap(), p)),
+            None => assert!(s["probability"].is_null()),
+        }
+    }
+    let selected: Vec<&str> = got["selected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(selected, expected.names());
+    let best = scores
+        .iter()
+        .max_by(|a, b| {
+            a["probability"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["probability"].as_f64().unwrap())
+        })
+        .unwrap();
+    assert_eq!(best["name"], "get_weather");
+
+    let (status, got) = post(
+        &app,
+        "/v1/select",
+        json!({"text": text, "tools": tools(), "max_results": -1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["param"], "max_results", "{got}");
+    let (status, got) = post(&app, "/v1/select", json!({"text": text, "tool": tools()})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["param"], "tool", "{got}");
+    let (status, got) = post(&app, "/v1/select", json!({"messages": [{"role": "user", "content": text}], "tools": tools(), "min_probability": 2})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["param"], "min_probability", "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_answers_like_the_router_over_the_engine() {
+    use std::sync::Arc;
+
+    let app = app();
+    let routes = json!([
+        {"name": "code", "description": "Programming, debugging and software questions"},
+        {"name": "chat", "descriptions": ["Small talk", "General questions"]}
+    ]);
+    let text = "Why does my Rust borrow checker complain about this loop?";
+    let (status, got) = post(
+        &app,
+        "/v1/route",
+        json!({"text": text, "routes": routes, "default": "chat"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let router = decide_router::DecisionModelChatModelRouter::builder()
+        .decision_model(Arc::new(engine().clone()))
+        .build()
+        .unwrap();
+    let chat = decide_chat::ChatRequest::user(text);
+    let expected = router
+        .decide(&decide_router::ChatModelRoutingRequest::new(
+            &chat,
+            vec![
+                decide_router::ChatModelRoute::new(
+                    "code",
+                    "Programming, debugging and software questions",
+                ),
+                decide_router::ChatModelRoute::with_descriptions(
+                    "chat",
+                    ["Small talk", "General questions"],
+                ),
+            ],
+        ))
+        .unwrap();
+    assert_eq!(got["route"], expected.result.route_name().unwrap());
+    assert_eq!(got["route"], "code");
+    for (name, p) in &expected.probabilities {
+        assert!(
+            close(got["probabilities"][name].as_f64().unwrap(), *p),
+            "{name}"
+        );
+    }
+
+    let (status, got) = post(
+        &app,
+        "/v1/route",
+        json!({"text": text, "routes": routes, "default": "math"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["param"], "default", "{got}");
+    let (status, got) = post(
+        &app,
+        "/v1/route",
+        json!({"text": text, "routes": [{"description": "x"}], "default": "x"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["param"], "routes[0].name", "{got}");
+}
