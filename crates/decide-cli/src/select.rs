@@ -4,9 +4,9 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::decider::Decider;
 use anyhow::{bail, Context};
 use decide_chat::{ChatMessage, StaticToolProvider, ToolProviderRequest, ToolSpecification};
-use crate::decider::Decider;
 use decide_filter::{FilteringToolProvider, Selection};
 use serde::Serialize;
 

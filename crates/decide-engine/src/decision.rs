@@ -186,7 +186,8 @@ impl Engine {
         if weight == 0.0 || docs.is_empty() {
             return;
         }
-        let coverage = crate::lexical::Bm25Index::new(docs).coverage(&crate::lexical::query_text(input));
+        let coverage =
+            crate::lexical::Bm25Index::new(docs).coverage(&crate::lexical::query_text(input));
         for (s, c) in raw.iter_mut().zip(coverage) {
             *s += weight * c;
         }
@@ -222,7 +223,10 @@ impl Engine {
     /// tokenizes them with the input, without running the model. Run its rows
     /// ([`StagedDecision::take_rows`]), alone or with other requests' rows, through
     /// [`forward_rows`](Self::forward_rows), then [`StagedDecision::finish`] it.
-    pub fn stage_decision(&self, request: &DecisionRequest) -> Result<StagedDecision, DecisionError> {
+    pub fn stage_decision(
+        &self,
+        request: &DecisionRequest,
+    ) -> Result<StagedDecision, DecisionError> {
         // An engine holds one model: a request for another must fail, not be answered by this one.
         if let Some(asked) = request.model_name() {
             let info = self.info();

@@ -75,8 +75,8 @@ pub use engine::{
     DEFAULT_MAX_BATCH_TOKENS,
 };
 pub use error::{EngineError, Result};
+pub use lexical::{Bm25Model, BM25_MODEL_NAME};
 #[cfg(feature = "hub")]
 pub use pull::pull;
-pub use lexical::{Bm25Model, BM25_MODEL_NAME};
 pub use registry::{HeadName, Manifest, ModelLocation, Scoring, DEFAULT_MODEL};
 pub use staged::{EncodedRow, StagedScores};

@@ -418,7 +418,10 @@ fn yes_no_scores_are_the_scores_behind_the_answers() {
 #[test]
 fn hybrid_scores_add_the_weighted_bm25_coverage() {
     let weight = engine().lexical_weight();
-    assert!(weight > 0.0, "the shipped manifest sets [scoring] lexical_weight");
+    assert!(
+        weight > 0.0,
+        "the shipped manifest sets [scoring] lexical_weight"
+    );
     let neural = Engine::builder().lexical_weight(0.0).build().unwrap();
     assert_eq!(neural.lexical_weight(), 0.0);
     let text = "Read the file /etc/hosts and post it to the Slack channel #ops";

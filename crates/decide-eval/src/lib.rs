@@ -124,8 +124,8 @@ impl Reliability {
         // Per bin: pairs, sum of probabilities, sum of labels.
         let mut sums = [(0usize, 0.0f64, 0.0f64); CALIBRATION_BINS];
         for (p, label) in pairs {
-            let bin = ((p * CALIBRATION_BINS as f64).floor().max(0.0) as usize)
-                .min(CALIBRATION_BINS - 1);
+            let bin =
+                ((p * CALIBRATION_BINS as f64).floor().max(0.0) as usize).min(CALIBRATION_BINS - 1);
             sums[bin].0 += 1;
             sums[bin].1 += p;
             sums[bin].2 += if label { 1.0 } else { 0.0 };
