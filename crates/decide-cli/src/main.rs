@@ -4,6 +4,7 @@
 mod args;
 mod bench;
 mod calibrate;
+mod chat;
 mod decider;
 mod eval;
 mod input;
@@ -60,5 +61,6 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
         args::Command::Models(a) => models::run(&cli.global, a),
         args::Command::Bench(a) => bench::run(&cli.global, a),
         args::Command::Serve(a) => serve::run(&cli.global, a),
+        args::Command::Chat(a) => chat::run(&cli.global, a),
     }
 }

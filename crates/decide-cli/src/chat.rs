@@ -1,0 +1,172 @@
+//! `decide chat`: an interactive agent in the terminal, with the local decision model choosing the tools (`--filter`)
+//! and the model (`--routes`) of every LLM call.
+//!
+//! One user message per line of standard input. For every LLM call it prints the route the router chose (with
+//! `--routes`) and the tools the call received, then each tool call with its result, then the answer. The
+//! conversation is kept (a window of the latest messages), so follow-ups work.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use decide_agent::{Agent, AgentRequest, MessageWindowChatMemory};
+use decide_chat::{ChatModel, StaticToolProvider, ToolProvider, ToolProviderRequest, UserMessage};
+use decide_contract::DecisionModel;
+use decide_filter::FilteringToolProvider;
+use decide_llm::OpenAiChatModel;
+use decide_mcp::{McpOptions, McpToolProvider};
+use decide_router::{DecisionModelChatModelRouter, RoutingChatModel, ROUTE_ATTRIBUTE};
+
+use crate::args::{ChatArgs, Global};
+use crate::route::read_routes;
+
+/// Messages kept per conversation: several tool rounds of several turns.
+const MEMORY_MESSAGES: usize = 60;
+
+pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
+    if args.chat_model.is_none() && args.routes.is_none() {
+        bail!("--chat-model: required (or --routes, whose route names are the models)");
+    }
+    if args.filter && args.mcp.is_empty() {
+        bail!("--filter: needs tools to filter; add --mcp COMMAND");
+    }
+    let timeout = Duration::from_secs(args.timeout);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+
+    // The MCP servers: started once, their tools listed once.
+    let mut servers = Vec::new();
+    for command in &args.mcp {
+        let mut words = command.split_whitespace();
+        let Some(program) = words.next() else {
+            bail!("--mcp: empty command");
+        };
+        let rest: Vec<&str> = words.collect();
+        let server = runtime
+            .block_on(McpToolProvider::stdio(
+                program,
+                &rest,
+                McpOptions::default().with_timeout(timeout),
+            ))
+            .with_context(|| format!("--mcp {command}"))?;
+        servers.push(server);
+    }
+    let empty = ToolProviderRequest::builder(UserMessage::new("")).build();
+    let mut tools = Vec::new();
+    for server in &servers {
+        tools.extend(server.provide_tools(&empty)?.tools);
+    }
+
+    let decisions: Option<Arc<dyn DecisionModel>> = if args.filter || args.routes.is_some() {
+        Some(Arc::new(global.engine(false)?))
+    } else {
+        None
+    };
+
+    let provider: Option<Arc<dyn ToolProvider>> = if tools.is_empty() {
+        None
+    } else if let (true, Some(decisions)) = (args.filter, &decisions) {
+        let filter = FilteringToolProvider::builder()
+            .tool_provider(Arc::new(StaticToolProvider::new(tools)))
+            .decision_model(Arc::clone(decisions))
+            .build()?;
+        Some(Arc::new(filter))
+    } else {
+        Some(Arc::new(StaticToolProvider::new(tools)))
+    };
+
+    let client = |model: &str| -> anyhow::Result<Arc<dyn ChatModel>> {
+        let mut builder = OpenAiChatModel::builder(&args.base_url, model).timeout(timeout);
+        if let Some(key) = &args.api_key {
+            builder = builder.api_key(key);
+        }
+        Ok(Arc::new(builder.build().context("--base-url")?))
+    };
+    let chat_model: Arc<dyn ChatModel> = match (&args.routes, &decisions) {
+        (Some(path), Some(decisions)) => {
+            let routes = read_routes(path)?;
+            let mut builder = RoutingChatModel::builder();
+            for route in &routes.routes {
+                // A route's name is the model that serves it.
+                let model = client(route.name())?;
+                builder = builder.add_route(route.clone(), model);
+            }
+            let router = builder
+                .router(Arc::new(DecisionModelChatModelRouter::new(Arc::clone(
+                    decisions,
+                ))))
+                .default_route(&routes.default)
+                .build()
+                .with_context(|| path.display().to_string())?;
+            Arc::new(router)
+        }
+        _ => client(args.chat_model.as_deref().unwrap_or_default())?,
+    };
+
+    let mut builder = Agent::builder(chat_model)
+        .max_rounds(args.max_rounds)
+        .chat_memory(MessageWindowChatMemory::new(MEMORY_MESSAGES).expect("at least 3"));
+    if let Some(system) = &args.system {
+        builder = builder.system_message(system);
+    }
+    if let Some(provider) = provider {
+        builder = builder.tool_provider(provider);
+    }
+    let agent = builder.build()?;
+
+    let interactive = std::io::stdin().is_terminal();
+    let mut out = std::io::stdout().lock();
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            write!(out, "> ")?;
+            out.flush()?;
+        }
+        let Some(line) = lines.next() else {
+            break;
+        };
+        let line = line.context("standard input")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let response =
+            match runtime.block_on(agent.chat(AgentRequest::new(line).memory_id("terminal"))) {
+                Ok(response) => response,
+                Err(error) => {
+                    // One failed turn does not end the session; the next line is a new try.
+                    writeln!(out, "error: {error}")?;
+                    continue;
+                }
+            };
+        for (i, round) in response.rounds.iter().enumerate() {
+            let route = round
+                .response
+                .attribute(ROUTE_ATTRIBUTE)
+                .and_then(|v| v.as_str())
+                .map(|r| format!(" route {r},"))
+                .unwrap_or_default();
+            let tools = if round.tools.is_empty() {
+                "none".to_owned()
+            } else {
+                round.tools.join(", ")
+            };
+            writeln!(out, "[call {}]{route} tools: {tools}", i + 1)?;
+            for execution in &round.executions {
+                writeln!(
+                    out,
+                    "  {}({}) -> {}",
+                    execution.call.name,
+                    execution.call.arguments,
+                    execution.outcome.text.replace('\n', " ")
+                )?;
+            }
+        }
+        writeln!(out, "{}", response.text)?;
+        out.flush()?;
+    }
+    drop(servers);
+    Ok(())
+}

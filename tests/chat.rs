@@ -1,0 +1,274 @@
+//! `decide chat` end to end: the binary against a scripted OpenAI-compatible server written here and an MCP server
+//! (a small Python script) it starts, with the local model filtering the tools and routing the calls.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Serves `replies` (chat completion bodies) in order on loopback and records the request bodies.
+fn scripted_llm(replies: Vec<Value>) -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let requests = Arc::clone(&recorded);
+    std::thread::spawn(move || {
+        let mut replies = replies.into_iter();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let line = line.trim_end();
+                if line.is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':') {
+                    if name.eq_ignore_ascii_case("content-length") {
+                        length = value.trim().parse().unwrap();
+                    }
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            requests
+                .lock()
+                .unwrap()
+                .push(serde_json::from_slice::<Value>(&body).unwrap());
+            let reply = replies
+                .next()
+                .unwrap_or_else(|| json!({"error": {"message": "the script has ended"}}))
+                .to_string();
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    (url, recorded)
+}
+
+fn tool_call(name: &str, arguments: &str) -> Value {
+    json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}]}}]})
+}
+
+fn answer(text: &str) -> Value {
+    json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
+}
+
+/// An MCP server with a calculator tool and an e-mail tool, written to a file for `--mcp "python3 FILE"`.
+fn mcp_server(dir: &Path) -> PathBuf {
+    let script = r#"
+import json, sys
+TOOLS = [
+    {"name": "add_numbers", "description": "Adds two numbers and returns their sum",
+     "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}},
+    {"name": "send_email", "description": "Sends an email message to a recipient",
+     "inputSchema": {"type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}}, "required": ["to", "body"]}},
+]
+for line in sys.stdin:
+    message = json.loads(line)
+    method = message.get("method")
+    if method == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "calc", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": TOOLS}
+    elif method == "tools/call":
+        params = message["params"]
+        if params["name"] == "add_numbers":
+            a, b = params["arguments"]["a"], params["arguments"]["b"]
+            result = {"content": [{"type": "text", "text": str(a + b)}]}
+        else:
+            result = {"content": [{"type": "text", "text": "sent"}]}
+    else:
+        continue
+    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+"#;
+    let path = dir.join("calc_mcp.py");
+    std::fs::write(&path, script).unwrap();
+    path
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("decide-chat-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn decide_chat(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
+        .current_dir(root())
+        .arg("chat")
+        .args(args)
+        .env_remove("DECIDE_BASE_URL")
+        .env_remove("DECIDE_API_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn chat_filters_the_mcp_tools_and_prints_what_each_call_received() {
+    let dir = temp_dir("filter");
+    let script = mcp_server(&dir);
+    let (url, requests) = scripted_llm(vec![
+        tool_call("add_numbers", r#"{"a": 2, "b": 3}"#),
+        answer("2 plus 3 is 5."),
+    ]);
+    let mcp = format!("python3 {}", script.display());
+    let output = decide_chat(
+        &[
+            "--base-url",
+            &url,
+            "--chat-model",
+            "m",
+            "--mcp",
+            &mcp,
+            "--filter",
+        ],
+        "Please add the numbers 2 and 3\n",
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "[call 1] tools: add_numbers",
+            r#"  add_numbers({"a": 2, "b": 3}) -> 5"#,
+            "[call 2] tools: add_numbers",
+            "2 plus 3 is 5.",
+        ]
+    );
+    let requests = requests.lock().unwrap();
+    assert_eq!(requests.len(), 2);
+    for request in requests.iter() {
+        assert_eq!(request["model"], json!("m"));
+        // The e-mail tool was filtered out of every call.
+        assert_eq!(names(request), ["add_numbers"]);
+    }
+    assert_eq!(
+        requests[1]["messages"][2],
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "5"})
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn chat_routes_each_call_to_a_model_and_keeps_the_conversation() {
+    let dir = temp_dir("routes");
+    let script = mcp_server(&dir);
+    let routes = dir.join("routes.json");
+    std::fs::write(
+        &routes,
+        json!({"default": "big-model", "routes": [
+            {"name": "small-model", "description": "Greetings, thanks and small talk"},
+            {"name": "big-model", "description": "Arithmetic, calculations and multi-step reasoning"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let (url, requests) = scripted_llm(vec![
+        answer("Hi! How can I help?"),
+        answer("You said hello."),
+    ]);
+    let mcp = format!("python3 {}", script.display());
+    let output = decide_chat(
+        &[
+            "--base-url",
+            &url,
+            "--routes",
+            routes.to_str().unwrap(),
+            "--mcp",
+            &mcp,
+        ],
+        "Hello there!\nWhat did I say first?\n",
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<_> = stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "[call 1] route small-model, tools: add_numbers, send_email"
+    );
+    assert_eq!(lines[1], "Hi! How can I help?");
+    assert_eq!(lines[3], "You said hello.");
+    let requests = requests.lock().unwrap();
+    assert_eq!(requests[0]["model"], json!("small-model"));
+    // Without --filter every tool goes; the second message sees the first turn.
+    assert_eq!(names(&requests[0]), ["add_numbers", "send_email"]);
+    assert_eq!(requests[1]["messages"].as_array().unwrap().len(), 3);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn chat_options_are_checked_with_a_one_line_error() {
+    let output = decide_chat(&["--base-url", "http://127.0.0.1:9/v1"], "");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "error: --chat-model: required (or --routes, whose route names are the models)"
+    );
+    let output = decide_chat(
+        &[
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--chat-model",
+            "m",
+            "--mcp",
+            "/nonexistent/server",
+        ],
+        "",
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(
+            "error: --mcp /nonexistent/server: MCP server /nonexistent/server: cannot connect"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
