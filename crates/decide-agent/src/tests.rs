@@ -593,6 +593,68 @@ async fn memory_keeps_a_window_per_conversation() {
     assert!(memory.messages("ann").unwrap().is_empty());
 }
 
+/// A store of its own: records every write, and fails for one conversation id.
+#[derive(Default)]
+struct RecordingStore {
+    inner: InMemoryChatMemoryStore,
+    writes: Mutex<Vec<(String, usize)>>,
+}
+
+impl crate::ChatMemoryStore for RecordingStore {
+    fn get_messages(&self, memory_id: &str) -> Result<Vec<ChatMessage>, crate::MemoryError> {
+        if memory_id == "broken" {
+            return Err(crate::MemoryError::message("the database is down"));
+        }
+        self.inner.get_messages(memory_id)
+    }
+
+    fn update_messages(
+        &self,
+        memory_id: &str,
+        messages: Vec<ChatMessage>,
+    ) -> Result<(), crate::MemoryError> {
+        self.writes
+            .lock()
+            .unwrap()
+            .push((memory_id.to_owned(), messages.len()));
+        self.inner.update_messages(memory_id, messages)
+    }
+
+    fn delete_messages(&self, memory_id: &str) -> Result<(), crate::MemoryError> {
+        self.inner.delete_messages(memory_id)
+    }
+}
+
+#[tokio::test]
+async fn the_memory_store_is_pluggable_and_its_errors_surface() {
+    let store = Arc::new(RecordingStore::default());
+    let memory = MessageWindowChatMemory::with_store(10, store.clone()).unwrap();
+    let agent = Agent::builder(Arc::new(MockChatModel::answering("ok")))
+        .chat_memory(memory)
+        .build()
+        .unwrap();
+    agent
+        .chat(AgentRequest::new("hi").memory_id("ann"))
+        .await
+        .unwrap();
+    assert_eq!(
+        *store.writes.lock().unwrap(),
+        [("ann".to_owned(), 1), ("ann".to_owned(), 2)]
+    );
+    // The memory id comes from the context when the request names none.
+    let context = InvocationContext::new().with_chat_memory_id("bob");
+    agent
+        .chat(AgentRequest::new("hi").context(context))
+        .await
+        .unwrap();
+    assert_eq!(store.writes.lock().unwrap()[2].0, "bob");
+    let error = agent
+        .chat(AgentRequest::new("hi").memory_id("broken"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.to_string(), "chat memory store: the database is down");
+}
+
 #[tokio::test]
 async fn a_small_window_drops_a_finished_tool_round_whole() {
     let memory = MessageWindowChatMemory::new(3).unwrap();
