@@ -68,6 +68,10 @@ pub struct Manifest {
     /// How raw scores are formed; the calibration was fitted for these settings.
     #[serde(default)]
     pub scoring: Option<Scoring>,
+    /// How a model written by `decide train` was made (base model, data sha256,
+    /// hyper-parameters); informational, the engine does not read it.
+    #[serde(default)]
+    pub training: Option<toml::Table>,
     /// sha256 of each file, by path relative to the model folder.
     pub files: BTreeMap<String, String>,
 }

@@ -1,0 +1,203 @@
+//! A BERT encoder that candle can differentiate: every op here has a backward.
+//!
+//! The engine's inference path uses candle's fused `layer_norm` and `softmax_last_dim` (and, on
+//! the CPU, its own fused kernels), none of which has a backward; this path spells LayerNorm and
+//! softmax out in basic ops, adds real dropout, and keeps the weights as [`Var`]s under the bare
+//! sentence-transformers names, which the engine loads unchanged.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use decide_engine::{Activation, EncoderConfig, Family};
+
+use crate::error::{Result, TrainError};
+
+/// A seeded generator (SplitMix64): the same seed gives the same shuffles, hard negatives and
+/// dropout masks, hence the same weights. candle's own `rand` draws from the thread's RNG,
+/// which cannot be seeded.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in 0..n (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// The trainable encoder: weights by bare name (`embeddings.…`, `encoder.layer.N.…`).
+pub(crate) struct Bert {
+    pub vars: BTreeMap<String, Var>,
+    pub config: EncoderConfig,
+    pub device: Device,
+}
+
+/// Prefixes under which checkpoints keep the encoder; stripped on load.
+const PREFIXES: [&str; 2] = ["bert.", "model."];
+
+impl Bert {
+    /// Loads the encoder weights of `weights` (safetensors) as f32 variables.
+    pub fn load(weights: &Path, config: EncoderConfig, device: &Device) -> Result<Self> {
+        if config.family != Family::Bert {
+            return Err(TrainError::Unsupported(
+                "only BERT-family encoders (BERT, MiniLM) can be trained so far".into(),
+            ));
+        }
+        let tensors = candle_core::safetensors::load(weights, device).map_err(|e| {
+            TrainError::bad_file(weights, e.to_string().lines().next().unwrap_or_default())
+        })?;
+        let mut vars = BTreeMap::new();
+        for (name, t) in tensors {
+            let bare = PREFIXES
+                .iter()
+                .find_map(|p| name.strip_prefix(p))
+                .unwrap_or(&name);
+            // The pooler and any classifier are not part of a bi-encoder.
+            if bare.starts_with("embeddings.") || bare.starts_with("encoder.") {
+                vars.insert(
+                    bare.to_string(),
+                    Var::from_tensor(&t.to_dtype(DType::F32)?)?,
+                );
+            }
+        }
+        let bert = Self {
+            vars,
+            config,
+            device: device.clone(),
+        };
+        // Fail at load time, naming the tensor, rather than in the first step.
+        bert.t("embeddings.word_embeddings.weight")?;
+        for i in 0..bert.config.num_layers {
+            bert.t(&format!("encoder.layer.{i}.output.LayerNorm.bias"))?;
+        }
+        Ok(bert)
+    }
+
+    fn t(&self, name: &str) -> Result<&Tensor> {
+        self.vars
+            .get(name)
+            .map(|v| v.as_tensor())
+            .ok_or_else(|| TrainError::MissingTensor(name.to_string()))
+    }
+
+    fn linear(&self, x: &Tensor, prefix: &str) -> Result<Tensor> {
+        let w = self.t(&format!("{prefix}.weight"))?;
+        let b = self.t(&format!("{prefix}.bias"))?;
+        Ok(x.broadcast_matmul(&w.t()?)?.broadcast_add(b)?)
+    }
+
+    /// LayerNorm from mean, variance and an affine map: candle's fused op has no backward.
+    fn layer_norm(&self, x: &Tensor, prefix: &str) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = centred.broadcast_div(&(var + self.config.layer_norm_eps)?.sqrt()?)?;
+        Ok(normed
+            .broadcast_mul(self.t(&format!("{prefix}.weight"))?)?
+            .broadcast_add(self.t(&format!("{prefix}.bias"))?)?)
+    }
+
+    /// Inverted dropout with a mask from the seeded generator; the identity when `rng` is
+    /// `None` (evaluation) or `p` is 0.
+    fn dropout(&self, x: &Tensor, p: f32, rng: &mut Option<&mut Rng>) -> Result<Tensor> {
+        let Some(rng) = rng.as_deref_mut() else {
+            return Ok(x.clone());
+        };
+        if p <= 0.0 {
+            return Ok(x.clone());
+        }
+        let keep = 1.0 / (1.0 - p);
+        let mask: Vec<f32> = (0..x.elem_count())
+            .map(|_| if rng.next_f32() < p { 0.0 } else { keep })
+            .collect();
+        let mask = Tensor::from_vec(mask, x.shape(), &self.device)?;
+        Ok(x.mul(&mask)?)
+    }
+
+    /// Unit-length mean-pooled sentence embeddings (B, hidden) of padded `ids` (B, L) with
+    /// `mask` (B, L; 1 for tokens, 0 for padding). With `rng`, dropout `p` is on.
+    pub fn embed(
+        &self,
+        ids: &Tensor,
+        mask: &Tensor,
+        p: f32,
+        mut rng: Option<&mut Rng>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (b, l) = ids.dims2()?;
+        let h = c.hidden_size;
+        let heads = c.num_heads;
+        let hd = h / heads;
+        let words = self
+            .t("embeddings.word_embeddings.weight")?
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, l, h))?;
+        let positions = self
+            .t("embeddings.position_embeddings.weight")?
+            .narrow(0, 0, l)?;
+        let types = self.t("embeddings.token_type_embeddings.weight")?.get(0)?;
+        let x = words.broadcast_add(&positions)?.broadcast_add(&types)?;
+        let x = self.layer_norm(&x, "embeddings.LayerNorm")?;
+        let mut x = self.dropout(&x, p, &mut rng)?;
+        // Padding gets a large negative bias (not -inf, so a softmax row never sees only infinities).
+        let bias = ((mask.ones_like()? - mask)? * -1e4)?.reshape((b, 1, 1, l))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        for i in 0..c.num_layers {
+            let pre = format!("encoder.layer.{i}");
+            let split = |t: Tensor| -> Result<Tensor> {
+                Ok(t.reshape((b, l, heads, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?)
+            };
+            let q = split(self.linear(&x, &format!("{pre}.attention.self.query"))?)?;
+            let k = split(self.linear(&x, &format!("{pre}.attention.self.key"))?)?;
+            let v = split(self.linear(&x, &format!("{pre}.attention.self.value"))?)?;
+            let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&bias)?;
+            // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
+            let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+            let probs = self.dropout(&probs, p, &mut rng)?;
+            let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
+            let attn = self.linear(&ctx, &format!("{pre}.attention.output.dense"))?;
+            let attn = self.dropout(&attn, p, &mut rng)?;
+            let x1 =
+                self.layer_norm(&(attn + &x)?, &format!("{pre}.attention.output.LayerNorm"))?;
+            let up = self.linear(&x1, &format!("{pre}.intermediate.dense"))?;
+            let up = match c.activation {
+                Activation::Gelu => up.gelu_erf()?,
+                Activation::GeluTanh => up.gelu()?,
+                Activation::Relu => up.relu()?,
+            };
+            let down = self.linear(&up, &format!("{pre}.output.dense"))?;
+            let down = self.dropout(&down, p, &mut rng)?;
+            x = self.layer_norm(&(down + x1)?, &format!("{pre}.output.LayerNorm"))?;
+        }
+        let m = mask.unsqueeze(2)?;
+        let pooled = x.broadcast_mul(&m)?.sum(1)?.broadcast_div(&m.sum(1)?)?;
+        let norm = (pooled.sqr()?.sum_keepdim(D::Minus1)? + 1e-12)?.sqrt()?;
+        Ok(pooled.broadcast_div(&norm)?)
+    }
+}
