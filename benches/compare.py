@@ -38,7 +38,7 @@ def run_decide(args, kernels: str, decisions: bool) -> dict:
     cmd = [args.decide, "bench", "--json", "--no-progress", "--kernels", kernels,
            "--batch-sizes", args.batches, "--seq-lens", args.tokens,
            "--reps", str(args.reps), "--min-time-s", str(args.min_time_s),
-           "--decision-tools", "100,1000" if decisions else ""]
+           *(["--decision-tools", "100,1000"] if decisions else ["--no-decisions"])]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)

@@ -910,8 +910,7 @@ fn bench_measures_every_cell_and_the_decisions() {
         "2",
         "--seq-lens",
         "8",
-        "--decision-tools",
-        "",
+        "--no-decisions",
         "--reps",
         "1",
         "--min-time-s",
@@ -930,7 +929,7 @@ fn bench_measures_every_cell_and_the_decisions() {
 fn bench_refuses_bad_grids() {
     let o = decide(&["bench", "--seq-lens", "1"]);
     assert_one_line_error(&o, "--seq-lens");
-    let o = decide(&["bench", "--seq-lens", "4096", "--decision-tools", ""]);
+    let o = decide(&["bench", "--seq-lens", "4096", "--no-decisions"]);
     assert_one_line_error(&o, "longer than the model's 256 tokens");
     let o = decide(&["bench", "--kernels", "amx"]);
     assert_eq!(o.status.code(), Some(2));

@@ -137,6 +137,15 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         "--seq-lens: expected numbers of at least 2 (the special tokens), as in 64,128"
     );
     anyhow::ensure!(
+        args.decision_tools.iter().all(|&t| t > 0),
+        "--decision-tools: expected positive numbers, as in 100,1000 (--no-decisions skips them)"
+    );
+    let decision_tools = if args.no_decisions {
+        Vec::new()
+    } else {
+        args.decision_tools.clone()
+    };
+    anyhow::ensure!(
         args.reps > 0 && args.max_reps >= args.reps,
         "--reps must be at least 1 and at most --max-reps"
     );
@@ -170,7 +179,7 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
     let progress = if args.no_progress {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new((cells_total + args.decision_tools.len()) as u64)
+        ProgressBar::new((cells_total + decision_tools.len()) as u64)
     };
     progress.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
@@ -201,7 +210,7 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
 
     let mut decisions = Vec::new();
     let input = conversation(10);
-    for &tools in &args.decision_tools {
+    for &tools in &decision_tools {
         progress.set_message(format!("decision over {tools} tools"));
         let request = decision_request(tools, &input)?;
         let times = time_calls(&args, || {

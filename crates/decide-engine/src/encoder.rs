@@ -451,3 +451,44 @@ impl Model {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::CpuKernels;
+    use crate::kernels::IsaCap;
+
+    #[test]
+    fn the_fused_path_falls_back_where_it_cannot_run() {
+        let cpu = Device::Cpu;
+        let best = Isa::detect();
+        let portable = best.capped(IsaCap::Portable);
+        // Half-precision tensors (as on GPUs) always run candle's own ops.
+        for dtype in [DType::BF16, DType::F16] {
+            assert_eq!(
+                CpuPath::choose(CpuKernels::Auto, &cpu, dtype, best),
+                CpuPath::Stock
+            );
+        }
+        assert_eq!(
+            CpuPath::choose(CpuKernels::Stock, &cpu, DType::F32, best),
+            CpuPath::Stock
+        );
+        assert_eq!(
+            CpuPath::choose(CpuKernels::Auto, &cpu, DType::F32, best),
+            CpuPath::Fused(best)
+        );
+        // A CPU where detection found neither AVX2 nor AVX-512 runs the portable kernels,
+        // whatever was asked for: a request never raises the level.
+        for kernels in [CpuKernels::Auto, CpuKernels::Avx2, CpuKernels::Portable] {
+            assert_eq!(
+                CpuPath::choose(kernels, &cpu, DType::F32, portable),
+                CpuPath::Fused(portable)
+            );
+        }
+        assert_eq!(
+            CpuPath::choose(CpuKernels::Portable, &cpu, DType::F32, best),
+            CpuPath::Fused(portable)
+        );
+    }
+}

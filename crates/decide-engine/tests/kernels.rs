@@ -51,6 +51,9 @@ fn check_classifier(dir: &str) {
     for kernels in FUSED {
         let fused = load(model, kernels);
         assert!(fused.kernels().starts_with("fused-"), "{}", fused.kernels());
+        if kernels == CpuKernels::Portable {
+            assert_eq!(fused.kernels(), "fused-portable-f32");
+        }
         let got = fused.classify_pairs(&refs).unwrap();
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(&want) {
