@@ -112,6 +112,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Serve the OpenAI Decisions and System One APIs, /v1/select and /v1/route over HTTP, batching across requests.
     Serve(ServeArgs),
+    /// Chat with an LLM in the terminal, the local model choosing each call's tools (--filter) and model (--routes).
+    Chat(ChatArgs),
 }
 
 /// The tool filter's options, shared by `select`, `score`, `calibrate` and `eval` so that all
@@ -329,4 +331,37 @@ pub struct ServeArgs {
     /// Options per choice question (and tools or routes per request).
     #[arg(long, default_value_t = 255)]
     pub max_options: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// The OpenAI-compatible base URL of the LLM server (OpenAI, vLLM, llama.cpp, Ollama's /v1).
+    #[arg(long, value_name = "URL", env = "DECIDE_BASE_URL")]
+    pub base_url: String,
+    /// The LLM at --base-url (`--model` names the local decision model).
+    #[arg(long, value_name = "NAME")]
+    pub chat_model: Option<String>,
+    /// The API key, sent as a bearer token.
+    #[arg(long, env = "DECIDE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// An MCP server to start and take tools from, e.g. "npx -y @modelcontextprotocol/server-everything";
+    /// repeatable. The command is split at whitespace.
+    #[arg(long, value_name = "COMMAND")]
+    pub mcp: Vec<String>,
+    /// Send each LLM call only the MCP tools the decision model finds relevant.
+    #[arg(long)]
+    pub filter: bool,
+    /// Routes ({"default", "routes": [{"name", "description"}]}) whose names are models at --base-url; the decision
+    /// model picks one per call.
+    #[arg(long, value_name = "ROUTES.json")]
+    pub routes: Option<PathBuf>,
+    /// The system message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// The most LLM calls per message.
+    #[arg(long, default_value_t = decide_agent::DEFAULT_MAX_ROUNDS)]
+    pub max_rounds: usize,
+    /// Seconds to wait for the LLM server and the MCP servers.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
 }
