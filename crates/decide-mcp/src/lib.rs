@@ -42,7 +42,9 @@ use decide_chat::{
     InvocationContext, ProvidedTool, ToolExecutionError, ToolExecutor, ToolProvider,
     ToolProviderError, ToolProviderRequest, ToolProviderResult, ToolSpecification,
 };
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ContentBlock, MetaObject, RequestMetaObject,
+};
 use rmcp::service::{Peer, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
@@ -128,11 +130,17 @@ impl Session {
         &self,
         name: &str,
         arguments: &str,
+        context: &InvocationContext,
     ) -> Result<CallToolResult, ToolExecutionError> {
         let arguments = parse_arguments(arguments)?;
         let mut params = CallToolRequestParams::new(Cow::Owned(name.to_owned()));
         if let Some(arguments) = arguments {
             params = params.with_arguments(arguments);
+        }
+        if let Some(context) = context_meta(context) {
+            let mut meta = Map::new();
+            meta.insert(META_CONTEXT.into(), context);
+            params.meta = Some(RequestMetaObject(MetaObject(meta)));
         }
         let what = format!("tools/call {name}");
         match tokio::time::timeout(self.timeout, self.peer().call_tool(params)).await {
@@ -149,6 +157,24 @@ impl Session {
             Ok(Ok(result)) => Ok(result),
         }
     }
+}
+
+/// The `_meta` key of a `tools/call` request under which the caller's [`InvocationContext`] travels to the server:
+/// `{"chatMemoryId"?, "attributes"?}`, sent only when the context has something.
+pub const META_CONTEXT: &str = "decide/context";
+
+fn context_meta(context: &InvocationContext) -> Option<Value> {
+    let mut object = Map::new();
+    if let Some(id) = &context.chat_memory_id {
+        object.insert("chatMemoryId".into(), json!(id));
+    }
+    if !context.attributes.is_empty() {
+        object.insert(
+            "attributes".into(),
+            Value::Object(context.attributes.clone()),
+        );
+    }
+    (!object.is_empty()).then_some(Value::Object(object))
 }
 
 /// Blank text or `null` is no arguments; anything but an object is refused before it reaches the server.
@@ -196,7 +222,7 @@ impl ToolExecutor for McpExecutor {
     fn execute(
         &self,
         arguments: &str,
-        _context: &InvocationContext,
+        context: &InvocationContext,
     ) -> Result<String, ToolExecutionError> {
         let session = Arc::clone(&self.session);
         // A thread of its own drives the call on the session's runtime: `Handle::block_on` must not run on a
@@ -206,7 +232,7 @@ impl ToolExecutor for McpExecutor {
                 .spawn(|| {
                     session
                         .runtime
-                        .block_on(session.call(&self.name, arguments))
+                        .block_on(session.call(&self.name, arguments, context))
                 })
                 .join()
                 .map_err(|_| ToolExecutionError::failed("the MCP call panicked"))?
@@ -366,9 +392,15 @@ impl McpToolProvider {
             .collect()
     }
 
-    /// Calls a tool directly (`tools/call`), bounded by the timeout; the text of the result, or the server's error.
-    pub async fn call(&self, name: &str, arguments: &str) -> Result<String, ToolExecutionError> {
-        let result = self.session.call(name, arguments).await?;
+    /// Calls a tool directly (`tools/call`), bounded by the timeout, with the caller's context in the request's
+    /// `_meta` under [`META_CONTEXT`]; the text of the result, or the server's error.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: &str,
+        context: &InvocationContext,
+    ) -> Result<String, ToolExecutionError> {
+        let result = self.session.call(name, arguments, context).await?;
         let text = result_text(&result);
         if result.is_error == Some(true) {
             return Err(ToolExecutionError::failed(text));

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use decide_agent::{Agent, AgentRequest};
 use decide_chat::{
-    AssistantMessage, ChatModelError, ChatResponse, MockChatModel, ToolCall, ToolProvider,
-    ToolProviderRequest, UserMessage,
+    AssistantMessage, ChatModelError, ChatResponse, InvocationContext, MockChatModel, ToolCall,
+    ToolProvider, ToolProviderRequest, UserMessage,
 };
 use decide_contract::MockDecisionModel;
 use decide_filter::FilteringToolProvider;
@@ -38,6 +38,10 @@ fn everything() -> Option<(String, Vec<String>)> {
     }
     eprintln!("skipped: {message}");
     None
+}
+
+fn ctx() -> InvocationContext {
+    InvocationContext::new()
 }
 
 fn options() -> McpOptions {
@@ -80,11 +84,14 @@ async fn the_everything_server_lists_its_tools_and_answers_calls_over_stdio() {
     assert_eq!(metadata["annotations"]["readOnlyHint"], json!(true));
 
     assert_eq!(
-        provider.call("echo", r#"{"message": "hi"}"#).await.unwrap(),
+        provider
+            .call("echo", r#"{"message": "hi"}"#, &ctx())
+            .await
+            .unwrap(),
         "Echo: hi"
     );
     let sum = provider
-        .call("get-sum", r#"{"a": 2, "b": 3}"#)
+        .call("get-sum", r#"{"a": 2, "b": 3}"#, &ctx())
         .await
         .unwrap();
     assert!(sum.contains('5'), "{sum}");
@@ -99,7 +106,7 @@ async fn the_everything_server_lists_its_tools_and_answers_calls_over_stdio() {
     assert!(sum.contains("42"), "{sum}");
     // The server refuses bad arguments; the error is the call's result, not a hang.
     let error = provider
-        .call("get-sum", r#"{"a": "two"}"#)
+        .call("get-sum", r#"{"a": "two"}"#, &ctx())
         .await
         .unwrap_err();
     assert!(!error.to_string().is_empty());
@@ -196,7 +203,7 @@ async fn the_everything_server_answers_over_streamable_http() {
     assert!(provider.tool_names().contains(&"echo".to_owned()));
     assert_eq!(
         provider
-            .call("echo", r#"{"message": "over http"}"#)
+            .call("echo", r#"{"message": "over http"}"#, &ctx())
             .await
             .unwrap(),
         "Echo: over http"
@@ -215,7 +222,11 @@ for line in sys.stdin:
         result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
                   "serverInfo": {"name": "dying", "version": "1"}}
     elif method == "tools/list":
-        result = {"tools": [{"name": "die", "description": "Exits", "inputSchema": {"type": "object"}}]}
+        result = {"tools": [{"name": "die", "description": "Exits", "inputSchema": {"type": "object"}},
+                            {"name": "whoami", "description": "Returns the request's _meta", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call" and message["params"]["name"] == "whoami":
+        meta = message["params"].get("_meta", {}).get("decide/context")
+        result = {"content": [{"type": "text", "text": json.dumps(meta)}]}
     elif method == "tools/call":
         sys.exit(3)
     else:
@@ -229,9 +240,31 @@ async fn a_server_that_dies_or_never_starts_gives_a_clear_error() {
         .await
         .unwrap();
     assert_eq!(provider.server_name(), "dying");
-    assert_eq!(provider.tool_names(), ["die"]);
+    assert_eq!(provider.tool_names(), ["die", "whoami"]);
+    // The caller's context reaches the server with the call, through the executor the agent runs.
+    let request = ToolProviderRequest::builder(UserMessage::new("x")).build();
+    let whoami = provider
+        .provide_tools(&request)
+        .unwrap()
+        .get("whoami")
+        .unwrap()
+        .executor
+        .clone()
+        .unwrap();
+    let context = InvocationContext::new()
+        .with_chat_memory_id("conv-1")
+        .with_attribute("tenant", "acme");
+    let seen = tokio::task::spawn_blocking(move || whoami.execute("{}", &context))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&seen).unwrap(),
+        json!({"chatMemoryId": "conv-1", "attributes": {"tenant": "acme"}})
+    );
+    assert_eq!(provider.call("whoami", "{}", &ctx()).await.unwrap(), "null");
     let started = Instant::now();
-    let error = provider.call("die", "{}").await.unwrap_err();
+    let error = provider.call("die", "{}", &ctx()).await.unwrap_err();
     assert!(
         started.elapsed() < Duration::from_secs(25),
         "waited for the timeout"
@@ -242,7 +275,7 @@ async fn a_server_that_dies_or_never_starts_gives_a_clear_error() {
         "{text}"
     );
     // Later calls fail at once too.
-    assert!(provider.call("die", "{}").await.is_err());
+    assert!(provider.call("die", "{}", &ctx()).await.is_err());
 
     let error = McpToolProvider::stdio("/nonexistent/mcp-server", Vec::<String>::new(), options())
         .await
