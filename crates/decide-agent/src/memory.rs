@@ -86,6 +86,9 @@ impl ChatMemoryStore for InMemoryChatMemoryStore {
 /// * When the window is full, the oldest other message goes. If it is an assistant message that called tools, the
 ///   results of those calls go with it, and a tool result left at the front is removed too: a result without its
 ///   call makes most chat APIs reject the request.
+/// * Size the window for the traffic of the largest turn (its user message, every round's calls and results): a
+///   smaller one evicts the turn's own user message, or even a call with its results, before the LLM has answered,
+///   exactly as LangChain4j's window does. 3 is the least that works with one call per round.
 #[derive(Clone)]
 pub struct MessageWindowChatMemory {
     max_messages: usize,
