@@ -154,30 +154,50 @@ fn serve_answers_both_formats_like_the_engine_and_stops_on_sigterm() {
         ));
     }
 
-    // The OpenAI format has no slot for a candidate; the plain questions still match.
+    // The OpenAI format has no slot for a candidate: it joins the instructions, as clients do,
+    // and the engine answers that request (the documents of a request are scored together, so
+    // the other answers are compared with it too).
     let remote = HttpDecisionModel::builder(&server.base)
         .format(WireFormat::OpenAiDecisions)
         .build();
     let got = remote.decide(&request()).unwrap();
-    let (a, b) = (
-        got.yes_no("cancel").unwrap().probability(),
-        expected.yes_no("cancel").unwrap().probability(),
-    );
-    assert!(close(a, b), "{a} vs {b}");
+    let openai_expected = engine
+        .decide(
+            &DecisionRequest::builder()
+                .input(request().input().clone())
+                .question("cancel", request().question("cancel").unwrap().clone())
+                .question(
+                    "tool",
+                    YesNoQuestion::new(
+                        "Is the tool needed?\n\nIf true: cancel_subscription: Cancel a customer's subscription",
+                    )
+                    .unwrap(),
+                )
+                .question("intent", request().question("intent").unwrap().clone())
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+    for name in ["cancel", "tool"] {
+        let (a, b) = (
+            got.yes_no(name).unwrap().probability(),
+            openai_expected.yes_no(name).unwrap().probability(),
+        );
+        assert!(close(a, b), "{name}: {a} vs {b}");
+    }
     for option in ["cancel", "upgrade", "support"] {
         assert!(close(
             got.choice("intent")
                 .unwrap()
                 .probability_of(option)
                 .unwrap(),
-            expected
+            openai_expected
                 .choice("intent")
                 .unwrap()
                 .probability_of(option)
                 .unwrap()
         ));
     }
-    assert!(got.yes_no("tool").is_ok());
 
     let (status, text) = get(&server.base, "/metrics");
     assert!(status.contains("200"));
@@ -221,4 +241,45 @@ fn serve_rejects_bad_options_in_one_line() {
         "{stderr}"
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn sigterm_finishes_the_request_in_flight() {
+    let mut server = Server::start(&[]);
+    let host = server.base.trim_start_matches("http://").to_string();
+    let body = r#"{"state": "Please cancel my subscription", "questions": {"cancel": {"type": "noul", "instructions": "Cancel?"}}}"#;
+    let mut stream = TcpStream::connect(&host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // Headers and half the body: the request is in flight when SIGTERM arrives.
+    let (first, rest) = body.split_at(body.len() / 2);
+    write!(
+        stream,
+        "POST /v1/systemone HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{first}",
+        body.len()
+    )
+    .unwrap();
+    stream.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "exited with a request in flight"
+    );
+    stream.write_all(rest.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\"noul\""), "{response}");
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    // New connections are refused once it has stopped.
+    assert!(TcpStream::connect(&host).is_err());
 }
