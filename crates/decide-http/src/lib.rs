@@ -28,7 +28,10 @@
 //! `criteria.false`), so a yes/no question with `yes_when`, `no_when` or a candidate round-trips
 //! to the same documents and the same probabilities as the embedded engine. The OpenAI format
 //! has no slot for them, so, as clients do, they are appended to the instructions
-//! (`If true: ...`); plain yes/no, choice and scale questions round-trip in both formats.
+//! (`If true: ...`), and the server answers that text as the question; plain yes/no, choice and
+//! scale questions round-trip in both formats. (With the engine's hybrid lexical scoring the
+//! documents of one request share term statistics, so a question sent differently can move the
+//! other answers of its request slightly too.)
 //! The wire `model` is returned beside the request, not inside it: what a model name means
 //! (an alias of the one loaded model, or an error) is the server's decision.
 #![deny(missing_docs)]
