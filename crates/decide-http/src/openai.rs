@@ -457,12 +457,14 @@ fn message_text(content: &Value, at: &str) -> Result<(String, usize), WireError>
                     }
                     "input_image" => texts.push("[attached image]".to_string()),
                     "input_file" => texts.push("[attached file]".to_string()),
-                    other => return Err(WireError::new(
-                        join(&pat, "type"),
-                        format!(
+                    other => {
+                        return Err(WireError::new(
+                            join(&pat, "type"),
+                            format!(
                             "unknown content type {other:?} (expected input_text or input_image)"
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
             Ok((texts.join("\n"), text_parts))
