@@ -114,6 +114,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Chat with an LLM in the terminal, the local model choosing each call's tools (--filter) and model (--routes).
     Chat(ChatArgs),
+    /// Fine-tune the model on labelled cases (the `decide score` format) and write a model folder.
+    Train(TrainArgs),
 }
 
 /// The tool filter's options, shared by `select`, `score`, `calibrate` and `eval` so that all
@@ -364,4 +366,52 @@ pub struct ChatArgs {
     /// Seconds to wait for the LLM server and the MCP servers.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Labelled cases to train on, one JSON object a line: {"id", "messages", "tools"?,
+    /// "expected"}; "expected": [] marks a case that needs no tool.
+    #[arg(long, value_name = "TRAIN.jsonl")]
+    pub data: PathBuf,
+    /// Labelled cases measured after every epoch (the best epoch by MRR is kept) and used to fit
+    /// the calibration; they must not overlap --data.
+    #[arg(long, value_name = "EVAL.jsonl")]
+    pub eval: Option<PathBuf>,
+    /// A tool catalogue for lines that have no "tools" (both files).
+    #[arg(long, value_name = "CATALOGUE.json")]
+    pub tools: Option<PathBuf>,
+    /// The model to start from (default: --model).
+    #[arg(long, value_name = "MODEL")]
+    pub base: Option<String>,
+    /// The model folder to write (replaced only if empty or written by decide train).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// The model's name in its manifest (default: the folder's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Passes over the training pairs.
+    #[arg(long, default_value_t = 4)]
+    pub epochs: usize,
+    /// Peak learning rate (AdamW, linear warm-up over 10% of the steps, then linear decay).
+    #[arg(long, default_value_t = 2e-5)]
+    pub lr: f64,
+    /// (request, needed tool) pairs per step; the other pairs' tools are its negatives.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Longest input in tokens while training.
+    #[arg(long, default_value_t = 128)]
+    pub max_length: usize,
+    /// Seed of the shuffles, hard negatives and dropout: the same seed gives the same weights.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Each pair's hard negative is drawn from this many of the tools the current model ranks
+    /// highest among those the case does not need (0: in-batch negatives only).
+    #[arg(long, default_value_t = 5)]
+    pub hard_negatives: usize,
+    /// With --eval: stop after this many epochs without a better MRR.
+    #[arg(long, default_value_t = 2)]
+    pub patience: usize,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }

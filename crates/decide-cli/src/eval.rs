@@ -4,12 +4,14 @@
 //! `decide-eval`, where they are tested on hand-computed numbers.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use decide_eval::{evaluate, Candidate, Report, ScoredCase};
 
-use crate::args::{EvalArgs, Global};
+use crate::args::{EvalArgs, FilterArgs, Global};
+use crate::decider::Decider;
 use crate::input::Cases;
 use crate::score::progress;
 use crate::select::{build_filter, select};
@@ -22,6 +24,42 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     }
     let reader = Cases::open(&args.cases)?;
     let engine = global.decider(false)?;
+    let report = evaluate_cases(&engine, reader, &args.filter, &args.cases.data)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut json = serde_json::to_value(&report)?;
+        if let Some(map) = json.as_object_mut() {
+            map.insert("model".into(), engine.name().into());
+        }
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{} cases from {} ({} with one tool, {} with any, {} with none), {} pairs, {} on {}",
+        report.cases,
+        args.cases.data.display(),
+        report.single_tool_cases,
+        report.tool_cases,
+        report.no_tool_cases,
+        report.pairs,
+        engine.name(),
+        engine.device()
+    )?;
+    for (metric, value) in table(&report) {
+        writeln!(out, "  {metric:<40}{value:>10}")?;
+    }
+    Ok(())
+}
+
+/// Runs every case of `reader` through the filter over `engine` and measures the selection:
+/// what `decide eval` prints, and what `decide train` checks after each epoch.
+pub fn evaluate_cases(
+    engine: &Decider,
+    reader: Cases,
+    filter: &FilterArgs,
+    data: &Path,
+) -> anyhow::Result<Report> {
     let bar = progress(reader.total, "evaluating");
     let mut cases = Vec::new();
     for next in reader {
@@ -34,8 +72,8 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
             );
         };
         let started = Instant::now();
-        let filter = build_filter(&engine, case.tools, &args.filter)?;
-        let (selection, scores) = select(&filter, &case.messages).with_context(at)?;
+        let provider = build_filter(engine, case.tools, filter)?;
+        let (selection, scores) = select(&provider, &case.messages).with_context(at)?;
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         // A fallback passes tools without probabilities: measuring it would score the fallback, not the model.
         if let Some(f) = &selection.fallback {
@@ -64,33 +102,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let report = evaluate(&cases, args.filter.min_probability)
-        .with_context(|| args.cases.data.display().to_string())?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        let mut json = serde_json::to_value(&report)?;
-        if let Some(map) = json.as_object_mut() {
-            map.insert("model".into(), engine.name().into());
-        }
-        writeln!(out, "{json}")?;
-        return Ok(());
-    }
-    writeln!(
-        out,
-        "{} cases from {} ({} with one tool, {} with any, {} with none), {} pairs, {} on {}",
-        report.cases,
-        args.cases.data.display(),
-        report.single_tool_cases,
-        report.tool_cases,
-        report.no_tool_cases,
-        report.pairs,
-        engine.name(),
-        engine.device()
-    )?;
-    for (metric, value) in table(&report) {
-        writeln!(out, "  {metric:<40}{value:>10}")?;
-    }
-    Ok(())
+    evaluate(&cases, filter.min_probability).with_context(|| data.display().to_string())
 }
 
 /// The report as (metric, value) rows; a metric with nothing to average over reads "n/a".

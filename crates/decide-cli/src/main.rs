@@ -14,6 +14,7 @@ mod route;
 mod score;
 mod select;
 mod serve;
+mod train;
 
 use std::process::ExitCode;
 
@@ -62,5 +63,6 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
         args::Command::Bench(a) => bench::run(&cli.global, a),
         args::Command::Serve(a) => serve::run(&cli.global, a),
         args::Command::Chat(a) => chat::run(&cli.global, a),
+        args::Command::Train(a) => train::run(&cli.global, a),
     }
 }

@@ -1,0 +1,202 @@
+//! End-to-end tests of `decide train`: bad data is refused before any training, and a tiny
+//! model trains, is written as a folder, and loads with `--model` for `decide eval`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn decide(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_decide"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("DECIDE_MODEL")
+        .output()
+        .expect("run decide")
+}
+
+fn assert_one_line_error(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(needle), "{err:?} does not contain {needle:?}");
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("decide-train-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn file(&self, name: &str, contents: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const TOOLS: &str = r#"[
+ {"name": "weather", "description": "get the forecast for a city"},
+ {"name": "email", "description": "send a message to a person"},
+ {"name": "calendar", "description": "create a meeting in the calendar"},
+ {"name": "search", "description": "search the web for pages"},
+ {"name": "files", "description": "read a file from the disk"},
+ {"name": "maps", "description": "find a route between two places"}
+]"#;
+
+fn case(id: &str, text: &str, expected: &[&str]) -> String {
+    let expected: Vec<String> = expected.iter().map(|e| format!("\"{e}\"")).collect();
+    format!(
+        "{{\"id\": \"{id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"{text}\"}}], \"expected\": [{}]}}\n",
+        expected.join(", ")
+    )
+}
+
+fn fixture() -> String {
+    root()
+        .join("crates/decide-engine/fixtures/tiny-bert-1")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn bad_data_is_refused_before_training() {
+    let t = TempDir::new("bad");
+    let tools = t.file("tools.json", TOOLS);
+    let out = t.path("out");
+    let good = t.file("good.jsonl", &case("1", "rain in Paris?", &["weather"]));
+    let run = |data: &str, eval: Option<&str>| {
+        let mut args = vec!["train", "--base", "no-such-model-anywhere", "--data", data];
+        if let Some(e) = eval {
+            args.extend(["--eval", e]);
+        }
+        args.extend(["--tools", tools.as_str(), "--out", out.as_str()]);
+        decide(&args)
+    };
+    let unknown = t.file("unknown.jsonl", &case("1", "hi", &["teleport"]));
+    assert_one_line_error(
+        &run(&unknown, None),
+        "unknown.jsonl:1: expected[0]: unknown tool \"teleport\"",
+    );
+    let empty = t.file("empty.jsonl", "\n");
+    assert_one_line_error(&run(&empty, None), "empty.jsonl: no cases");
+    let dup = t.file(
+        "dup.jsonl",
+        &(case("1", "a", &["email"]) + &case("1", "b", &["maps"])),
+    );
+    assert_one_line_error(&run(&dup, None), "dup.jsonl:2: id: duplicate id");
+    let unlabelled = t.file(
+        "unlabelled.jsonl",
+        "{\"id\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n",
+    );
+    assert_one_line_error(
+        &run(&unlabelled, None),
+        "unlabelled.jsonl:1: expected: missing",
+    );
+    let overlap = t.file("overlap.jsonl", &case("1", "other text", &["email"]));
+    assert_one_line_error(
+        &run(&good, Some(&overlap)),
+        "overlap.jsonl:1: id: \"1\" is also a training case",
+    );
+    // Good data gets as far as the model, which does not exist: the data was checked first.
+    assert_one_line_error(&run(&good, None), "no-such-model-anywhere");
+}
+
+#[test]
+fn a_tiny_model_trains_and_loads_with_model() {
+    let t = TempDir::new("tiny");
+    let tools = t.file("tools.json", TOOLS);
+    let train = [
+        case("t1", "will it rain tomorrow in Oslo", &["weather"]),
+        case("t2", "write to Anna about the invoice", &["email"]),
+        case("t3", "set up a meeting with Bob on Monday", &["calendar"]),
+        case("t4", "look up reviews of the new phone online", &["search"]),
+        case("t5", "open notes.txt and show it", &["files"]),
+        case("t6", "how do I drive from Lyon to Nice", &["maps"]),
+        case("t7", "thanks, that is all", &[]),
+        case(
+            "t8",
+            "is it sunny in Rome and email Carl",
+            &["weather", "email"],
+        ),
+    ]
+    .concat();
+    let eval = [
+        case("e1", "forecast for Berlin this weekend", &["weather"]),
+        case("e2", "send a message to my boss", &["email"]),
+    ]
+    .concat();
+    let data = t.file("train.jsonl", &train);
+    let eval = t.file("eval.jsonl", &eval);
+    let out = t.path("model");
+    let fixture = fixture();
+    let o = decide(&[
+        "train",
+        "--base",
+        &fixture,
+        "--data",
+        &data,
+        "--eval",
+        &eval,
+        "--tools",
+        &tools,
+        "--out",
+        &out,
+        "--epochs",
+        "2",
+        "--lr",
+        "1e-2",
+        "--batch-size",
+        "4",
+        "--max-length",
+        "32",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("epoch 1/2: loss"), "{err}");
+    assert!(err.contains("eval recall@5"), "{err}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("wrote"));
+    assert!(!Path::new(&format!("{out}.partial")).exists());
+    let manifest = std::fs::read_to_string(Path::new(&out).join("manifest.toml")).unwrap();
+    assert!(manifest.contains("[calibration]"), "{manifest}");
+    assert!(manifest.contains("data_sha256"), "{manifest}");
+    let o = decide(&[
+        "--model", &out, "eval", "--data", &eval, "--tools", &tools, "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["cases"], 2);
+    assert!(report["recall_at_5"].as_f64().is_some(), "{report}");
+    // A second run may replace a folder decide train wrote, but not any other folder.
+    let other = t.file("keep.txt", "mine");
+    let o = decide(&[
+        "train",
+        "--base",
+        &fixture,
+        "--data",
+        &data,
+        "--tools",
+        &tools,
+        "--out",
+        Path::new(&other).parent().unwrap().to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, "is not a model written by decide train");
+}
