@@ -890,3 +890,70 @@ async fn route_answers_like_the_router_over_the_engine() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(got["error"]["param"], "routes[0].name", "{got}");
 }
+
+#[test]
+fn the_queue_keeps_batches_under_its_token_budget() {
+    use decide_server::{BatchConfig, BatchedEngine, Batcher, Metrics};
+    use std::sync::Arc;
+
+    let metrics = Arc::new(Metrics::new());
+    // Once the question's document is cached, each request below is one row (its input); a
+    // budget of 40 padded tokens holds at most 40 / (shortest row) of them.
+    let batcher = Batcher::start(
+        engine().clone(),
+        BatchConfig {
+            max_batch_tokens: 40,
+            max_batch_requests: 64,
+            queue_capacity: 64,
+        },
+        metrics.clone(),
+    )
+    .unwrap();
+    let model = BatchedEngine::new(engine().clone(), Arc::new(batcher));
+    let request = |i: usize| {
+        DecisionRequest::builder()
+            .input(format!("Order {i}: please send me a replacement"))
+            .question(
+                "replace",
+                YesNoQuestion::new("Does the customer want a replacement?").unwrap(),
+            )
+            .build()
+            .unwrap()
+    };
+    model.decide(&request(0)).unwrap();
+    let shortest = (1..=16)
+        .map(|i| {
+            let rows = engine().stage_decision(&request(i)).unwrap();
+            assert_eq!(rows.rows().len(), 1, "the document is cached");
+            rows.rows()[0].len()
+        })
+        .min()
+        .unwrap();
+    let most = 40 / shortest;
+    assert!(most < 16, "the budget must bind: rows of {shortest} tokens");
+    let threads: Vec<_> = (1..=16)
+        .map(|i| {
+            let model = model.clone();
+            std::thread::spawn(move || (i, model.decide(&request(i)).unwrap()))
+        })
+        .collect();
+    for t in threads {
+        let (i, got) = t.join().unwrap();
+        let single = engine().decide(&request(i)).unwrap();
+        let (a, b) = (
+            got.yes_no("replace").unwrap().probability(),
+            single.yes_no("replace").unwrap().probability(),
+        );
+        assert!(close(a, b), "{i}: {a} vs {b}");
+    }
+    assert!(
+        metrics.max_batch_requests() <= most,
+        "{} > {most}",
+        metrics.max_batch_requests()
+    );
+    assert!(
+        metrics.batches() > (16 / most) as u64,
+        "17 requests, at most {most} a batch: {}",
+        metrics.batches()
+    );
+}
