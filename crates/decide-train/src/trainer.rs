@@ -98,7 +98,13 @@ impl Hyper {
         t.insert("warmup".into(), self.warmup.into());
         t.insert("weight_decay".into(), self.weight_decay.into());
         t.insert("scale".into(), self.scale.into());
-        t.insert("dropout".into(), (self.dropout as f64).into());
+        // Through its shortest decimal form, so that 0.1 reads 0.1 rather than 0.10000000149.
+        let dropout = self
+            .dropout
+            .to_string()
+            .parse()
+            .unwrap_or(self.dropout as f64);
+        t.insert("dropout".into(), dropout.into());
         t.insert("max_grad_norm".into(), self.max_grad_norm.into());
         t.insert(
             "hard_negative_pool".into(),
