@@ -710,7 +710,10 @@ fn calibrate_fits_on_labelled_cases_and_refuses_duplicates() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert!(v["written"].is_null(), "{v}");
-    assert!(v["ece_before"].as_f64().is_some() && v["ece"].as_f64().is_some(), "{v}");
+    assert!(
+        v["ece_before"].as_f64().is_some() && v["ece"].as_f64().is_some(),
+        "{v}"
+    );
     assert_eq!(v["pairs"], 10);
     assert_eq!(v["positives"], 2);
     assert!(v["a"].as_f64().unwrap() > 0.0, "{v}");
@@ -778,13 +781,24 @@ fn calibrate_writes_the_manifest_and_draws_the_reliability_plot() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("before: a = ") && out.contains("after:  a = "), "{out}");
+    assert!(
+        out.contains("before: a = ") && out.contains("after:  a = "),
+        "{out}"
+    );
     assert!(out.contains("written to "), "{out}");
     let png = std::fs::read(&plot).unwrap();
-    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
     let manifest = std::fs::read_to_string(Path::new(&model).join("manifest.toml")).unwrap();
     let v: toml::Value = toml::from_str(&manifest).unwrap();
-    assert_eq!(v["scoring"]["lexical_weight"].as_float(), Some(0.5), "{manifest}");
+    assert_eq!(
+        v["scoring"]["lexical_weight"].as_float(),
+        Some(0.5),
+        "{manifest}"
+    );
     let a = v["calibration"]["a"].as_float().unwrap();
     assert!(a > 1.0 && a < 50.0, "{manifest}");
     // The rest of the manifest is untouched: the file hashes still verify.
@@ -815,7 +829,10 @@ fn calibrate_writes_the_manifest_and_draws_the_reliability_plot() {
         "examples/tools.json",
         "--dry-run",
     ]);
-    assert_one_line_error(&o, "--tools: give one catalogue for all --data or one per --data");
+    assert_one_line_error(
+        &o,
+        "--tools: give one catalogue for all --data or one per --data",
+    );
 }
 
 #[test]
