@@ -9,9 +9,9 @@ use decide_chat::ToolSpecification;
 use decide_engine::{sigmoid, Calibration};
 use decide_eval::Reliability;
 
-use crate::args::{CalibrateArgs, CasesArgs, Global};
+use crate::args::{CalibrateArgs, CasesArgs, FilterArgs, Global};
 use crate::decider::Decider;
-use crate::input::Cases;
+use crate::input::{Case, Cases};
 use crate::score::progress;
 use crate::select::{build_filter, provider_request};
 
@@ -32,6 +32,34 @@ fn inputs(args: &CalibrateArgs) -> anyhow::Result<Vec<CasesArgs>> {
         .cloned()
         .zip(tools)
         .map(|(data, tools)| CasesArgs { data, tools })
+        .collect())
+}
+
+/// The raw score of every tool of `case` and whether it is in `expected`, in catalogue order,
+/// from the requests the filter would send, so a fit sees exactly the scores decisions are made
+/// on. `at` names the case in errors.
+pub fn case_pairs(
+    model: &Decider,
+    case: &Case,
+    expected: &[String],
+    filter: &FilterArgs,
+    at: &str,
+) -> anyhow::Result<Vec<(f64, bool)>> {
+    let provider = build_filter(model, case.tools.clone(), filter)?;
+    let request = provider_request(&case.messages).with_context(|| at.to_string())?;
+    let Some(input) = provider.decision_input(&request) else {
+        bail!("{at}: the user message has no text");
+    };
+    let tools: Vec<&ToolSpecification> = case.tools.iter().collect();
+    let mut raw = Vec::with_capacity(tools.len());
+    for decision in provider.decision_requests(&input, &tools)? {
+        raw.extend(model.yes_no_scores(&decision)?.into_iter().map(|(_, s)| s));
+    }
+    Ok(case
+        .tools
+        .iter()
+        .zip(raw)
+        .map(|(tool, s)| (s, expected.contains(&tool.name)))
         .collect())
 }
 
@@ -75,23 +103,12 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     for reader in readers {
         for next in reader {
             let (at, case) = next?;
-            let Some(expected) = case.expected else {
+            let Some(expected) = &case.expected else {
                 bail!("{at}: expected: missing (calibration needs labels)");
             };
-            // The requests the filter would send, so the fit sees the scores decisions are made on.
-            let filter = build_filter(&model, case.tools.clone(), &args.filter)?;
-            let request = provider_request(&case.messages).with_context(|| at.clone())?;
-            let Some(input) = filter.decision_input(&request) else {
-                bail!("{at}: the user message has no text");
-            };
-            let tools: Vec<&ToolSpecification> = case.tools.iter().collect();
-            let mut raw = Vec::with_capacity(tools.len());
-            for decision in filter.decision_requests(&input, &tools)? {
-                raw.extend(model.yes_no_scores(&decision)?.into_iter().map(|(_, s)| s));
-            }
-            for (tool, s) in case.tools.iter().zip(raw) {
+            for (s, label) in case_pairs(&model, &case, expected, &args.filter, &at)? {
                 scores.push(s);
-                labels.push(expected.contains(&tool.name));
+                labels.push(label);
             }
             cases += 1;
             bar.inc(1);

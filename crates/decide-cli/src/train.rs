@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_chat::ToolSpecification;
 use decide_engine::{candidate_text, registry, Calibration};
 use decide_train::{file_sha256, write_manifest, Example, Hyper, ModelMeta, TrainData, Trainer};
 
@@ -94,19 +93,10 @@ fn raw_scores(
     let mut scores = Vec::new();
     let mut labels = Vec::new();
     for l in cases {
-        let provider = build_filter(model, l.case.tools.clone(), filter)?;
-        let request = provider_request(&l.case.messages).with_context(|| l.at.clone())?;
-        let Some(input) = provider.decision_input(&request) else {
-            bail!("{}: the user message has no text", l.at);
-        };
-        let tools: Vec<&ToolSpecification> = l.case.tools.iter().collect();
-        let mut raw = Vec::with_capacity(tools.len());
-        for decision in provider.decision_requests(&input, &tools)? {
-            raw.extend(model.yes_no_scores(&decision)?.into_iter().map(|(_, s)| s));
-        }
-        for (tool, s) in l.case.tools.iter().zip(raw) {
+        for (s, label) in crate::calibrate::case_pairs(model, &l.case, &l.expected, filter, &l.at)?
+        {
             scores.push(s);
-            labels.push(l.expected.contains(&tool.name));
+            labels.push(label);
         }
     }
     Ok((scores, labels))
