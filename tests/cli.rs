@@ -58,7 +58,7 @@ impl Drop for TempDir {
 }
 
 #[test]
-fn select_on_the_shipped_example_picks_forecast_and_email() {
+fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {
     let o = decide(&[
         "select",
         "--tools",
@@ -94,7 +94,7 @@ fn select_on_the_shipped_example_picks_forecast_and_email() {
         names.len() < all.len() / 2,
         "the filter must filter: {names:?}"
     );
-    // The follow-up asks for an email too: the plain embedder does not pass it at 0.5 yet, but
+    // The follow-up asks for an email too: the default model does not pass it at 0.5 yet, but
     // ranks it above most tools.
     let p = |name: &str| {
         asked.iter().find(|s| s["name"] == name).unwrap()["probability"]
