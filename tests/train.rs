@@ -200,3 +200,89 @@ fn a_tiny_model_trains_and_loads_with_model() {
     ]);
     assert_one_line_error(&o, "is not a model written by decide train");
 }
+
+#[test]
+fn a_cross_encoder_trains_from_the_default_bi_encoder_and_reranks_its_shortlist() {
+    let t = TempDir::new("cross");
+    let tools = t.file("tools.json", TOOLS);
+    let train = [
+        case("t1", "will it rain tomorrow in Oslo", &["weather"]),
+        case("t2", "write to Anna about the invoice", &["email"]),
+        case("t3", "set up a meeting with Bob on Monday", &["calendar"]),
+        case("t4", "open notes.txt and show it", &["files"]),
+        case("t5", "thanks, that is all", &[]),
+    ]
+    .concat();
+    let eval = [
+        case("e1", "forecast for Berlin this weekend", &["weather"]),
+        case("e2", "how do I drive from Lyon to Nice", &["maps"]),
+    ]
+    .concat();
+    let data = t.file("train.jsonl", &train);
+    let eval = t.file("eval.jsonl", &eval);
+    let out = t.path("reranker");
+    // The default model is a bi-encoder: the pooler and the logit start fresh.
+    let o = decide(&[
+        "--rerank-top",
+        "3",
+        "train",
+        "--head",
+        "cross-encoder",
+        "--data",
+        &data,
+        "--eval",
+        &eval,
+        "--tools",
+        &tools,
+        "--out",
+        &out,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--max-length",
+        "48",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("training a cross-encoder"), "{err}");
+    assert!(
+        err.contains("(reranking all-MiniLM-L6-v2's top 3) recall@5"),
+        "{err}"
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("--rerank"), "{stdout}");
+    assert!(!Path::new(&format!("{out}.spool")).exists());
+    assert!(!Path::new(&out).join("modules.json").exists());
+    let manifest = std::fs::read_to_string(Path::new(&out).join("manifest.toml")).unwrap();
+    assert!(manifest.contains("head = \"cross-encoder\""), "{manifest}");
+    assert!(manifest.contains("[calibration]"), "{manifest}");
+    assert!(!manifest.contains("[scoring]"), "{manifest}");
+    // It loads as a reranker behind the default model.
+    let o = decide(&[
+        "--rerank",
+        &out,
+        "--rerank-top",
+        "3",
+        "select",
+        "--tools",
+        &tools,
+        "--json",
+        "is it going to snow in Zurich tomorrow?",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["scores"].as_array().unwrap().len(), 6, "{v}");
+    // A head that does not exist is a usage error naming it.
+    let o = decide(&[
+        "train",
+        "--head",
+        "tri-encoder",
+        "--data",
+        &data,
+        "--out",
+        &out,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("'tri-encoder' is not a head"));
+}

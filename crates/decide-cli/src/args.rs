@@ -299,6 +299,16 @@ pub struct BenchArgs {
     pub no_progress: bool,
 }
 
+fn parse_head(s: &str) -> Result<decide_train::TrainHead, String> {
+    match s {
+        "bi-encoder" => Ok(decide_train::TrainHead::BiEncoder),
+        "cross-encoder" => Ok(decide_train::TrainHead::CrossEncoder),
+        other => Err(format!(
+            "'{other}' is not a head (bi-encoder or cross-encoder)"
+        )),
+    }
+}
+
 fn parse_kernels(s: &str) -> Result<decide_engine::CpuKernels, String> {
     s.parse()
         .map_err(|e: decide_engine::EngineError| e.to_string())
@@ -412,6 +422,12 @@ pub struct TrainArgs {
     /// With --eval: stop after this many epochs without a better MRR.
     #[arg(long, default_value_t = 2)]
     pub patience: usize,
+    /// What to train: `bi-encoder` (embeddings compared by cosine; fast, tool embeddings are
+    /// cached) or `cross-encoder` (the conversation and a tool read together: one forward pass
+    /// per pair, so use it with `--rerank` over a bi-encoder's shortlist). A cross-encoder is
+    /// calibrated and measured on the --rerank-top tools the base model shortlists.
+    #[arg(long, default_value = "bi-encoder", value_parser = parse_head)]
+    pub head: decide_train::TrainHead,
     #[command(flatten)]
     pub filter: FilterArgs,
 }

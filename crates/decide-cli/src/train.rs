@@ -16,28 +16,28 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use decide_engine::{candidate_text, registry, Calibration};
-use decide_train::{file_sha256, write_manifest, Example, Hyper, ModelMeta, TrainData, Trainer};
+use decide_train::{
+    file_sha256, write_manifest, Example, ExampleSpool, Hyper, ModelMeta, TrainHead, Trainer,
+};
 
 use crate::args::{CasesArgs, FilterArgs, Global, TrainArgs};
 use crate::decider::Decider;
 use crate::input::{Case, Cases};
 use crate::select::{build_filter, provider_request};
 
-/// A labelled case with where it came from.
-struct Labelled {
-    at: String,
-    case: Case,
-    expected: Vec<String>,
-}
-
-/// Reads every case of a file, checking each (the reader checks JSON, tools, unknown expected
-/// tools and duplicate ids); cases without `expected` are errors.
-fn read_cases(data: &Path, tools: Option<&PathBuf>) -> anyhow::Result<Vec<Labelled>> {
+/// Reads the cases of a file one at a time (the reader checks JSON, tools, unknown expected
+/// tools and duplicate ids); a case without `expected` is an error. Nothing is kept: `each`
+/// sees every case with where it is (`file:line`) and its labels.
+fn for_each_case(
+    data: &Path,
+    tools: Option<&PathBuf>,
+    mut each: impl FnMut(&str, Case, Vec<String>) -> anyhow::Result<()>,
+) -> anyhow::Result<usize> {
     let reader = Cases::open(&CasesArgs {
         data: data.to_path_buf(),
         tools: tools.cloned(),
     })?;
-    let mut out = Vec::new();
+    let mut n = 0;
     for next in reader {
         let (at, case) = next?;
         let Some(expected) = case.expected.clone() else {
@@ -45,60 +45,104 @@ fn read_cases(data: &Path, tools: Option<&PathBuf>) -> anyhow::Result<Vec<Labell
                 "{at}: expected: missing (training needs labels; [] for a case that needs no tool)"
             );
         };
-        out.push(Labelled { at, case, expected });
+        each(&at, case, expected)?;
+        n += 1;
     }
-    Ok(out)
+    Ok(n)
+}
+
+fn hash64(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
 }
 
 /// A conversation's identity for the overlap check: its parsed messages.
-fn conversation_key(case: &Case) -> String {
-    format!("{:?}", case.messages)
+fn conversation_key(case: &Case) -> u64 {
+    hash64(&format!("{:?}", case.messages))
 }
 
-/// A case of the evaluation file that is also in the training file (same id or same
-/// conversation) would measure memory, not generalisation.
-fn check_overlap(train: &[Labelled], eval: &[Labelled]) -> anyhow::Result<()> {
-    let ids: HashMap<String, &str> = train
-        .iter()
-        .map(|l| (l.case.id.to_string(), l.at.as_str()))
-        .collect();
-    let convs: HashMap<String, &str> = train
-        .iter()
-        .map(|l| (conversation_key(&l.case), l.at.as_str()))
-        .collect();
-    for l in eval {
-        if let Some(at) = ids.get(&l.case.id.to_string()) {
-            bail!(
-                "{}: id: {} is also a training case ({at}); the evaluation cases must not overlap the training cases",
-                l.at,
-                l.case.id
-            );
-        }
-        if let Some(at) = convs.get(&conversation_key(&l.case)) {
-            bail!(
-                "{}: messages: the same conversation is a training case ({at}); the evaluation cases must not overlap the training cases",
-                l.at
-            );
-        }
+/// What the check of the training file keeps to find overlapping evaluation cases: a hash of
+/// every id and conversation with the case's place. A few bytes a case, whatever its size.
+#[derive(Default)]
+struct Seen {
+    ids: HashMap<u64, String>,
+    conversations: HashMap<u64, String>,
+}
+
+impl Seen {
+    fn add(&mut self, at: &str, case: &Case) {
+        self.ids
+            .entry(hash64(&case.id.to_string()))
+            .or_insert_with(|| at.to_string());
+        self.conversations
+            .entry(conversation_key(case))
+            .or_insert_with(|| at.to_string());
     }
-    Ok(())
+
+    /// A case of the evaluation file that is also in the training file (same id or same
+    /// conversation) would measure memory, not generalisation.
+    fn check(&self, at: &str, case: &Case) -> anyhow::Result<()> {
+        if let Some(train_at) = self.ids.get(&hash64(&case.id.to_string())) {
+            bail!(
+                "{at}: id: {} is also a training case ({train_at}); the evaluation cases must not overlap the training cases",
+                case.id
+            );
+        }
+        if let Some(train_at) = self.conversations.get(&conversation_key(case)) {
+            bail!(
+                "{at}: messages: the same conversation is a training case ({train_at}); the evaluation cases must not overlap the training cases"
+            );
+        }
+        Ok(())
+    }
 }
 
-/// The raw scores and labels of every (case, tool) pair, as `decide calibrate` forms them.
+/// The case with only the `k` tools `base` ranks most probable: what a reranker sees.
+fn shortlist(
+    base: &Decider,
+    case: &Case,
+    expected: &[String],
+    filter: &FilterArgs,
+    at: &str,
+    k: usize,
+) -> anyhow::Result<Case> {
+    let scores = crate::calibrate::case_pairs(base, case, expected, filter, at)?;
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].0.total_cmp(&scores[a].0).then(a.cmp(&b)));
+    order.truncate(k);
+    order.sort_unstable();
+    Ok(Case {
+        id: case.id.clone(),
+        messages: case.messages.clone(),
+        tools: order.iter().map(|&i| case.tools[i].clone()).collect(),
+        expected: case.expected.clone(),
+    })
+}
+
+/// The raw scores and labels of every (case, tool) pair of a file, as `decide calibrate`
+/// forms them; with `shortlist`, only the tools the base model puts in its top k.
 fn raw_scores(
     model: &Decider,
-    cases: &[Labelled],
+    data: &Path,
+    tools: Option<&PathBuf>,
     filter: &FilterArgs,
+    shortlisted: Option<(&Decider, usize)>,
 ) -> anyhow::Result<(Vec<f64>, Vec<bool>)> {
     let mut scores = Vec::new();
     let mut labels = Vec::new();
-    for l in cases {
-        for (s, label) in crate::calibrate::case_pairs(model, &l.case, &l.expected, filter, &l.at)?
-        {
+    for_each_case(data, tools, |at, case, expected| {
+        let case = match shortlisted {
+            Some((base, k)) => shortlist(base, &case, &expected, filter, at, k)?,
+            None => case,
+        };
+        for (s, label) in crate::calibrate::case_pairs(model, &case, &expected, filter, at)? {
             scores.push(s);
             labels.push(label);
         }
-    }
+        Ok(())
+    })?;
     Ok((scores, labels))
 }
 
@@ -158,17 +202,19 @@ fn check_out(out: &Path) -> anyhow::Result<()> {
 
 pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    // The data first: every error before any model loads.
-    let train = read_cases(&args.data, args.tools.as_ref())?;
-    let eval = match &args.eval {
-        Some(p) => {
-            let e = read_cases(p, args.tools.as_ref())?;
-            check_overlap(&train, &e)?;
-            Some(e)
-        }
-        None => None,
-    };
+    // The data first: every error before any model loads. The files are streamed: what stays
+    // in memory is a hash and a place per case.
+    let mut seen = Seen::default();
+    let cases = for_each_case(&args.data, args.tools.as_ref(), |at, case, _| {
+        seen.add(at, &case);
+        Ok(())
+    })?;
+    if let Some(p) = &args.eval {
+        for_each_case(p, args.tools.as_ref(), |at, case, _| seen.check(at, &case))?;
+    }
+    drop(seen);
     check_out(&args.out)?;
+    let head = args.head;
     let hyper = Hyper {
         epochs: args.epochs,
         learning_rate: args.lr,
@@ -176,6 +222,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         max_length: args.max_length,
         seed: args.seed,
         hard_negative_pool: args.hard_negatives,
+        head,
         ..Hyper::default()
     };
     let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
@@ -189,26 +236,28 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let base_model = with_model(base_spec.clone()).decider(true)?;
 
     // The texts exactly as the engine will see them: the filter's rendering of the
-    // conversation, and each tool's candidate text.
+    // conversation, and each tool's candidate text. Cases go to a spool file next to --out,
+    // read back a batch at a time; the tools, each once, stay in memory.
     let mut documents: Vec<String> = Vec::new();
     let mut doc_index: HashMap<String, usize> = HashMap::new();
-    let mut examples = Vec::new();
+    let spool_path = args.out.with_extension("spool");
+    let mut spool = ExampleSpool::create(&spool_path)?;
     let mut no_tool = 0;
-    for l in &train {
-        let provider = build_filter(&base_model, l.case.tools.clone(), &args.filter)?;
-        let request = provider_request(&l.case.messages).with_context(|| l.at.clone())?;
+    for_each_case(&args.data, args.tools.as_ref(), |at, case, expected| {
+        let provider = build_filter(&base_model, case.tools.clone(), &args.filter)?;
+        let request = provider_request(&case.messages).with_context(|| at.to_string())?;
         let Some(input) = provider.decision_input(&request) else {
-            bail!("{}: the user message has no text", l.at);
+            bail!("{at}: the user message has no text");
         };
         let mut positives = Vec::new();
-        for tool in &l.case.tools {
+        for tool in &case.tools {
             let text = candidate_text(&tool.name, tool.description.as_deref().unwrap_or(""));
             let next = documents.len();
             let idx = *doc_index.entry(text.clone()).or_insert(next);
             if idx == next {
                 documents.push(text);
             }
-            if l.expected.contains(&tool.name) && !positives.contains(&idx) {
+            if expected.contains(&tool.name) && !positives.contains(&idx) {
                 positives.push(idx);
             }
         }
@@ -216,20 +265,20 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             // A case that needs no tool has no positive to pull towards; its tools still serve
             // as negatives for the others.
             no_tool += 1;
-            continue;
+            return Ok(());
         }
-        examples.push(Example {
+        spool.push(&Example {
             query: input.render(),
             positives,
-        });
-    }
+        })?;
+        Ok(())
+    })?;
+    drop(doc_index);
     let device = global.device.open()?;
-    let mut trainer = Trainer::new(
+    let mut trainer = Trainer::from_source(
         &location.dir,
-        TrainData {
-            documents,
-            examples,
-        },
+        documents,
+        Box::new(spool),
         hyper.clone(),
         &device,
     )
@@ -253,13 +302,19 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.tools {
         training.insert("tools_sha256".into(), file_sha256(p)?.into());
     }
-    training.insert("cases".into(), (train.len() as i64).into());
+    training.insert("cases".into(), (cases as i64).into());
     training.insert("no_tool_cases_skipped".into(), (no_tool as i64).into());
     training.insert("pairs".into(), (trainer.pairs_per_epoch() as i64).into());
     training.insert(
         "calibrated_on".into(),
         (if args.eval.is_some() { "eval" } else { "data" }).into(),
     );
+    let shortlist_k = global.rerank_top;
+    if head == TrainHead::CrossEncoder {
+        // Calibrated and measured as it is used: reranking the base's shortlist.
+        training.insert("shortlist".into(), base_spec.clone().into());
+        training.insert("shortlist_top".into(), (shortlist_k as i64).into());
+    }
     let mut meta = ModelMeta {
         name,
         base_hf_id: base_manifest
@@ -267,23 +322,28 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             .map(|m| m.hf_id.clone())
             .unwrap_or_else(|| base_spec.clone()),
         base: base_spec.clone(),
+        head,
         max_length: base_manifest
             .as_ref()
             .map(|m| m.max_length)
             .unwrap_or(args.max_length),
         license: base_manifest.as_ref().and_then(|m| m.license.clone()),
-        lexical_weight: base_manifest
-            .as_ref()
-            .and_then(|m| m.scoring)
-            .map(|s| s.lexical_weight),
+        // The lexical weight is on the scale of a cosine; a cross-encoder's logit has its own.
+        lexical_weight: match head {
+            TrainHead::BiEncoder => base_manifest
+                .as_ref()
+                .and_then(|m| m.scoring)
+                .map(|s| s.lexical_weight),
+            TrainHead::CrossEncoder => None,
+        },
         calibration: None,
         training,
     };
 
     eprintln!(
-        "training {base_spec} on {} ({} cases, {} pairs, {no_tool} no-tool cases skipped) for {} epochs, {} steps, on {}",
+        "training a {} from {base_spec} on {} ({cases} cases, {} pairs, {no_tool} no-tool cases skipped) for {} epochs, {} steps, on {}",
+        head.name(),
         args.data.display(),
-        train.len(),
         trainer.pairs_per_epoch(),
         args.epochs,
         trainer.total_steps(),
@@ -341,8 +401,20 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         trainer.save(&scratch, &meta)?;
         let scratch_spec = scratch.display().to_string();
         let uncalibrated = with_model(scratch_spec.clone()).decider(true)?;
-        let held_out = eval.as_deref().unwrap_or(&train);
-        let (scores, labels) = raw_scores(&uncalibrated, held_out, &args.filter)?;
+        // A cross-encoder is calibrated and measured on the base's shortlist, as --rerank uses it.
+        let base = match head {
+            TrainHead::CrossEncoder => Some(with_model(base_spec.clone()).decider(false)?),
+            TrainHead::BiEncoder => None,
+        };
+        let shortlisted = base.as_ref().map(|b| (b, shortlist_k));
+        let held_out = args.eval.as_deref().unwrap_or(&args.data);
+        let (scores, labels) = raw_scores(
+            &uncalibrated,
+            held_out,
+            args.tools.as_ref(),
+            &args.filter,
+            shortlisted,
+        )?;
         drop(uncalibrated);
         let Some(fit) = Calibration::fit(&scores, &labels) else {
             bail!("calibration needs both needed and unneeded tools among the held-out cases");
@@ -354,7 +426,11 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             args.epochs, fit.a, fit.b
         );
         let keep = if let Some(path) = &args.eval {
-            let model = with_model(scratch_spec).decider(false)?;
+            let trained = with_model(scratch_spec).decider(false)?;
+            let model = match base {
+                Some(base) => Decider::cascade(base, trained, shortlist_k)?,
+                None => trained,
+            };
             let reader = Cases::open(&CasesArgs {
                 data: path.clone(),
                 tools: args.tools.clone(),
@@ -362,7 +438,12 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             let report = crate::eval::evaluate_cases(&model, reader, &args.filter, path)?;
             let r = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.3}"));
             line.push_str(&format!(
-                "; eval recall@5 {} recall@10 {} MRR {}",
+                "; eval{} recall@5 {} recall@10 {} MRR {}",
+                if head == TrainHead::CrossEncoder {
+                    format!(" (reranking {base_spec}'s top {shortlist_k})")
+                } else {
+                    String::new()
+                },
                 r(report.recall_at_5),
                 r(report.recall_at_10),
                 r(report.mrr)
@@ -400,12 +481,18 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     let minutes = started.elapsed().as_secs_f64() / 60.0;
+    let usage = match head {
+        TrainHead::BiEncoder => format!("--model {}", args.out.display()),
+        TrainHead::CrossEncoder => format!(
+            "--model {base_spec} --rerank {} --rerank-top {shortlist_k}",
+            args.out.display()
+        ),
+    };
     println!(
-        "wrote {} (epoch {} of {}) in {minutes:.1} min; use it with --model {}",
+        "wrote {} (epoch {} of {}) in {minutes:.1} min; use it with {usage}",
         args.out.display(),
         saved_epoch.unwrap_or(0),
         args.epochs,
-        args.out.display()
     );
     Ok(())
 }
@@ -441,19 +528,31 @@ mod tests {
         );
         let same_id = write(&dir, "e1.jsonl", &line("2", "other"));
         let same_text = write(&dir, "e2.jsonl", &line("9", "hi"));
-        let t = read_cases(&train, Some(&tools)).unwrap();
-        let e = read_cases(&same_id, Some(&tools)).unwrap();
-        let err = check_overlap(&t, &e).unwrap_err().to_string();
+        let mut seen = Seen::default();
+        for_each_case(&train, Some(&tools), |at, case, _| {
+            seen.add(at, &case);
+            Ok(())
+        })
+        .unwrap();
+        let check = |p: &Path| {
+            for_each_case(p, Some(&tools), |at, case, _| seen.check(at, &case))
+                .unwrap_err()
+                .to_string()
+        };
+        let err = check(&same_id);
         assert!(
-            err.contains("e1.jsonl:1: id: \"2\" is also a training case"),
+            err.contains("e1.jsonl:1: id: \"2\" is also a training case")
+                && err.contains("train.jsonl:2"),
             "{err}"
         );
-        let e = read_cases(&same_text, Some(&tools)).unwrap();
-        let err = check_overlap(&t, &e).unwrap_err().to_string();
+        let err = check(&same_text);
         assert!(
-            err.contains("e2.jsonl:1: messages: the same conversation"),
+            err.contains("e2.jsonl:1: messages: the same conversation is a training case")
+                && err.contains("train.jsonl:1"),
             "{err}"
         );
+        let fresh = write(&dir, "e3.jsonl", &line("3", "other"));
+        for_each_case(&fresh, Some(&tools), |at, case, _| seen.check(at, &case)).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -32,5 +32,6 @@ mod trainer;
 
 pub use error::{Result, TrainError};
 pub use trainer::{
-    file_sha256, write_manifest, Example, Hyper, ModelMeta, StepReport, TrainData, Trainer,
+    file_sha256, write_manifest, Example, ExampleSource, ExampleSpool, Hyper, ModelMeta,
+    StepReport, TrainData, TrainHead, Trainer,
 };

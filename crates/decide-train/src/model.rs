@@ -3,7 +3,8 @@
 //! The engine's inference path uses candle's fused `layer_norm` and `softmax_last_dim` (and, on
 //! the CPU, its own fused kernels), none of which has a backward; this path spells LayerNorm and
 //! softmax out in basic ops, adds real dropout, and keeps the weights as [`Var`]s under the bare
-//! sentence-transformers names, which the engine loads unchanged.
+//! sentence-transformers names, which the engine loads unchanged. One trunk serves both heads:
+//! mean pooling for a bi-encoder, BERT's pooler and a one-logit classifier for a cross-encoder.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,6 +13,7 @@ use candle_core::{DType, Device, Tensor, Var, D};
 use decide_engine::{Activation, EncoderConfig, Family};
 
 use crate::error::{Result, TrainError};
+use crate::trainer::TrainHead;
 
 /// A seeded generator (SplitMix64): the same seed gives the same shuffles, hard negatives and
 /// dropout masks, hence the same weights. candle's own `rand` draws from the thread's RNG,
@@ -42,6 +44,13 @@ impl Rng {
         (self.next_u64() % n as u64) as usize
     }
 
+    /// Standard normal (Box-Muller), for initialising new weights.
+    pub fn normal(&mut self) -> f32 {
+        let u1 = self.next_f32().max(f32::MIN_POSITIVE);
+        let u2 = self.next_f32();
+        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+    }
+
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
             items.swap(i, self.below(i + 1));
@@ -60,8 +69,16 @@ pub(crate) struct Bert {
 const PREFIXES: [&str; 2] = ["bert.", "model."];
 
 impl Bert {
-    /// Loads the encoder weights of `weights` (safetensors) as f32 variables.
-    pub fn load(weights: &Path, config: EncoderConfig, device: &Device) -> Result<Self> {
+    /// Loads the encoder weights of `weights` (safetensors) as f32 variables. For a
+    /// cross-encoder the pooler and a one-logit `classifier` come too; a base without them
+    /// (a bi-encoder) gets them freshly initialised from `rng`, as BERT initialises them.
+    pub fn load(
+        weights: &Path,
+        config: EncoderConfig,
+        device: &Device,
+        head: TrainHead,
+        rng: &mut Rng,
+    ) -> Result<Self> {
         if config.family != Family::Bert {
             return Err(TrainError::Unsupported(
                 "only BERT-family encoders (BERT, MiniLM) can be trained so far".into(),
@@ -70,6 +87,7 @@ impl Bert {
         let tensors = candle_core::safetensors::load(weights, device).map_err(|e| {
             TrainError::bad_file(weights, e.to_string().lines().next().unwrap_or_default())
         })?;
+        let cross = head == TrainHead::CrossEncoder;
         let mut vars = BTreeMap::new();
         for (name, t) in tensors {
             let bare = PREFIXES
@@ -77,12 +95,45 @@ impl Bert {
                 .find_map(|p| name.strip_prefix(p))
                 .unwrap_or(&name);
             // The pooler and any classifier are not part of a bi-encoder.
-            if bare.starts_with("embeddings.") || bare.starts_with("encoder.") {
+            let keep = bare.starts_with("embeddings.")
+                || bare.starts_with("encoder.")
+                || (cross && (bare.starts_with("pooler.") || bare.starts_with("classifier.")));
+            if keep {
                 vars.insert(
                     bare.to_string(),
                     Var::from_tensor(&t.to_dtype(DType::F32)?)?,
                 );
             }
+        }
+        let h = config.hidden_size;
+        if cross {
+            if let Some(w) = vars.get("classifier.weight") {
+                let labels = w.as_tensor().dim(0)?;
+                if labels != 1 {
+                    return Err(TrainError::Unsupported(format!(
+                        "the base model's classifier has {labels} labels; a cross-encoder is trained with one logit (start from a bi-encoder or a one-label cross-encoder)"
+                    )));
+                }
+            }
+            let mut init = |name: &str, shape: (usize, usize), random: bool| -> Result<()> {
+                if !vars.contains_key(name) {
+                    let values: Vec<f32> = (0..shape.0 * shape.1)
+                        .map(|_| if random { 0.02 * rng.normal() } else { 0.0 })
+                        .collect();
+                    let t = Tensor::from_vec(values, shape, device)?;
+                    let t = if shape.0 == 1 && name.ends_with(".bias") {
+                        t.squeeze(0)?
+                    } else {
+                        t
+                    };
+                    vars.insert(name.to_string(), Var::from_tensor(&t)?);
+                }
+                Ok(())
+            };
+            init("pooler.dense.weight", (h, h), true)?;
+            init("pooler.dense.bias", (1, h), false)?;
+            init("classifier.weight", (1, h), true)?;
+            init("classifier.bias", (1, 1), false)?;
         }
         let bert = Self {
             vars,
@@ -138,14 +189,16 @@ impl Bert {
         Ok(x.mul(&mask)?)
     }
 
-    /// Unit-length mean-pooled sentence embeddings (B, hidden) of padded `ids` (B, L) with
-    /// `mask` (B, L; 1 for tokens, 0 for padding). With `rng`, dropout `p` is on.
-    pub fn embed(
+    /// The last layer's hidden states (B, L, hidden) of padded `ids` (B, L) with `mask`
+    /// (B, L; 1 for tokens, 0 for padding) and, for pairs, token `types` (B, L). With `rng`,
+    /// dropout `p` is on.
+    fn trunk(
         &self,
         ids: &Tensor,
+        types: Option<&Tensor>,
         mask: &Tensor,
         p: f32,
-        mut rng: Option<&mut Rng>,
+        rng: &mut Option<&mut Rng>,
     ) -> Result<Tensor> {
         let c = &self.config;
         let (b, l) = ids.dims2()?;
@@ -159,10 +212,20 @@ impl Bert {
         let positions = self
             .t("embeddings.position_embeddings.weight")?
             .narrow(0, 0, l)?;
-        let types = self.t("embeddings.token_type_embeddings.weight")?.get(0)?;
-        let x = words.broadcast_add(&positions)?.broadcast_add(&types)?;
+        let type_table = self.t("embeddings.token_type_embeddings.weight")?;
+        let x = match types {
+            Some(types) => {
+                let types = type_table
+                    .index_select(&types.flatten_all()?, 0)?
+                    .reshape((b, l, h))?;
+                words.broadcast_add(&positions)?.add(&types)?
+            }
+            None => words
+                .broadcast_add(&positions)?
+                .broadcast_add(&type_table.get(0)?)?,
+        };
         let x = self.layer_norm(&x, "embeddings.LayerNorm")?;
-        let mut x = self.dropout(&x, p, &mut rng)?;
+        let mut x = self.dropout(&x, p, rng)?;
         // Padding gets a large negative bias (not -inf, so a softmax row never sees only infinities).
         let bias = ((mask.ones_like()? - mask)? * -1e4)?.reshape((b, 1, 1, l))?;
         let scale = 1.0 / (hd as f64).sqrt();
@@ -179,10 +242,10 @@ impl Bert {
             let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&bias)?;
             // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
             let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-            let probs = self.dropout(&probs, p, &mut rng)?;
+            let probs = self.dropout(&probs, p, rng)?;
             let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
             let attn = self.linear(&ctx, &format!("{pre}.attention.output.dense"))?;
-            let attn = self.dropout(&attn, p, &mut rng)?;
+            let attn = self.dropout(&attn, p, rng)?;
             let x1 =
                 self.layer_norm(&(attn + &x)?, &format!("{pre}.attention.output.LayerNorm"))?;
             let up = self.linear(&x1, &format!("{pre}.intermediate.dense"))?;
@@ -192,12 +255,42 @@ impl Bert {
                 Activation::Relu => up.relu()?,
             };
             let down = self.linear(&up, &format!("{pre}.output.dense"))?;
-            let down = self.dropout(&down, p, &mut rng)?;
+            let down = self.dropout(&down, p, rng)?;
             x = self.layer_norm(&(down + x1)?, &format!("{pre}.output.LayerNorm"))?;
         }
+        Ok(x)
+    }
+
+    /// Unit-length mean-pooled sentence embeddings (B, hidden) of padded `ids` (B, L) with
+    /// `mask` (B, L; 1 for tokens, 0 for padding). With `rng`, dropout `p` is on.
+    pub fn embed(
+        &self,
+        ids: &Tensor,
+        mask: &Tensor,
+        p: f32,
+        mut rng: Option<&mut Rng>,
+    ) -> Result<Tensor> {
+        let x = self.trunk(ids, None, mask, p, &mut rng)?;
         let m = mask.unsqueeze(2)?;
         let pooled = x.broadcast_mul(&m)?.sum(1)?.broadcast_div(&m.sum(1)?)?;
         let norm = (pooled.sqr()?.sum_keepdim(D::Minus1)? + 1e-12)?.sqrt()?;
         Ok(pooled.broadcast_div(&norm)?)
+    }
+
+    /// The cross-encoder's logit (B,) for each padded pair: BERT's sequence classifier, the
+    /// pooler (dense + tanh on the first token), dropout, then the one-logit `classifier`.
+    pub fn classify(
+        &self,
+        ids: &Tensor,
+        types: &Tensor,
+        mask: &Tensor,
+        p: f32,
+        mut rng: Option<&mut Rng>,
+    ) -> Result<Tensor> {
+        let x = self.trunk(ids, Some(types), mask, p, &mut rng)?;
+        let first = x.narrow(1, 0, 1)?.squeeze(1)?;
+        let pooled = self.linear(&first, "pooler.dense")?.tanh()?;
+        let pooled = self.dropout(&pooled, p, &mut rng)?;
+        Ok(self.linear(&pooled, "classifier")?.squeeze(1)?)
     }
 }

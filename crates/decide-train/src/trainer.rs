@@ -1,6 +1,8 @@
 //! The training loop: data, batches, loss, optimiser and the saved folder.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
@@ -8,7 +10,7 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use decide_engine::{Calibration, EncoderConfig};
 use sha2::{Digest, Sha256};
-use tokenizers::Tokenizer;
+use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 
 use crate::error::{Result, TrainError};
 use crate::model::{Bert, Rng};
@@ -38,6 +40,8 @@ pub struct Hyper {
     pub max_grad_norm: f64,
     /// How many of the top-ranked unneeded tools a case's hard negative is drawn from (0: none).
     pub hard_negative_pool: usize,
+    /// The head trained on the encoder.
+    pub head: TrainHead,
 }
 
 impl Default for Hyper {
@@ -54,6 +58,7 @@ impl Default for Hyper {
             dropout: 0.1,
             max_grad_norm: 1.0,
             hard_negative_pool: 5,
+            head: TrainHead::BiEncoder,
         }
     }
 }
@@ -110,7 +115,31 @@ impl Hyper {
             "hard_negative_pool".into(),
             (self.hard_negative_pool as i64).into(),
         );
+        t.insert("head".into(), self.head.name().into());
         t
+    }
+}
+
+/// Which head is trained on the encoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TrainHead {
+    /// Mean-pooled embeddings compared by cosine; contrastive loss over in-batch and hard
+    /// negatives. Fast at decision time: tool embeddings are cached.
+    #[default]
+    BiEncoder,
+    /// The conversation and one tool read together, one logit per pair; binary cross-entropy
+    /// on each needed tool against a hard and a random negative. More accurate per pair, but a
+    /// forward pass per pair: use it to rerank a bi-encoder's shortlist (`--rerank`).
+    CrossEncoder,
+}
+
+impl TrainHead {
+    /// The name the command line and the manifest use.
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainHead::BiEncoder => "bi-encoder",
+            TrainHead::CrossEncoder => "cross-encoder",
+        }
     }
 }
 
@@ -119,11 +148,133 @@ impl Hyper {
 pub struct Example {
     /// The conversation as the engine renders it.
     pub query: String,
-    /// Indexes into [`TrainData::documents`] of the needed tools.
+    /// Indexes into the documents of the needed tools.
     pub positives: Vec<usize>,
 }
 
-/// What a run trains on.
+/// The training cases, read by index: held in memory (`Vec<Example>`), or spooled to disk
+/// ([`ExampleSpool`]) so that a file larger than memory can be trained on.
+pub trait ExampleSource: Send {
+    /// How many cases there are.
+    fn len(&self) -> usize;
+    /// Whether there is no case.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Case `index` (below [`len`](Self::len)).
+    fn example(&mut self, index: usize) -> Result<Example>;
+}
+
+impl ExampleSource for Vec<Example> {
+    fn len(&self) -> usize {
+        <[Example]>::len(self)
+    }
+
+    fn example(&mut self, index: usize) -> Result<Example> {
+        self.get(index)
+            .cloned()
+            .ok_or_else(|| TrainError::BadData(format!("no example {index}")))
+    }
+}
+
+/// Cases written to a scratch file as the data is read, then read back by index: training
+/// keeps an offset per case in memory, not the case's text. The file is removed when the
+/// spool is dropped.
+pub struct ExampleSpool {
+    path: PathBuf,
+    writer: Option<BufWriter<File>>,
+    reader: Option<File>,
+    offsets: Vec<u64>,
+    written: u64,
+}
+
+impl ExampleSpool {
+    /// Creates (or truncates) the scratch file at `path`.
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = File::create(path).map_err(|e| TrainError::bad_file(path, e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            writer: Some(BufWriter::new(file)),
+            reader: None,
+            offsets: Vec::new(),
+            written: 0,
+        })
+    }
+
+    /// Appends a case.
+    pub fn push(&mut self, example: &Example) -> Result<()> {
+        let Some(w) = self.writer.as_mut() else {
+            return Err(TrainError::BadData(
+                "the spool is already being read".into(),
+            ));
+        };
+        // Record: positives count, positives, query length, query bytes (all little-endian u32).
+        let mut record = Vec::with_capacity(8 + 4 * example.positives.len() + example.query.len());
+        record.extend((example.positives.len() as u32).to_le_bytes());
+        for &p in &example.positives {
+            record.extend((p as u32).to_le_bytes());
+        }
+        record.extend((example.query.len() as u32).to_le_bytes());
+        record.extend(example.query.as_bytes());
+        w.write_all(&record)
+            .map_err(|e| TrainError::bad_file(&self.path, e))?;
+        self.offsets.push(self.written);
+        self.written += record.len() as u64;
+        Ok(())
+    }
+
+    fn read_u32(&mut self) -> Result<u32> {
+        let mut b = [0u8; 4];
+        let path = self.path.clone();
+        let r = self.reader.as_mut().expect("reader opened before reading");
+        r.read_exact(&mut b)
+            .map_err(|e| TrainError::bad_file(&path, e))?;
+        Ok(u32::from_le_bytes(b))
+    }
+}
+
+impl ExampleSource for ExampleSpool {
+    fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    fn example(&mut self, index: usize) -> Result<Example> {
+        if let Some(mut w) = self.writer.take() {
+            w.flush().map_err(|e| TrainError::bad_file(&self.path, e))?;
+        }
+        if self.reader.is_none() {
+            let f = File::open(&self.path).map_err(|e| TrainError::bad_file(&self.path, e))?;
+            self.reader = Some(f);
+        }
+        let Some(&offset) = self.offsets.get(index) else {
+            return Err(TrainError::BadData(format!("no example {index}")));
+        };
+        let path = self.path.clone();
+        let r = self.reader.as_mut().expect("opened above");
+        r.seek(SeekFrom::Start(offset))
+            .map_err(|e| TrainError::bad_file(&path, e))?;
+        let n = self.read_u32()? as usize;
+        let positives = (0..n)
+            .map(|_| self.read_u32().map(|p| p as usize))
+            .collect::<Result<Vec<_>>>()?;
+        let len = self.read_u32()? as usize;
+        let mut bytes = vec![0u8; len];
+        let r = self.reader.as_mut().expect("opened above");
+        r.read_exact(&mut bytes)
+            .map_err(|e| TrainError::bad_file(&path, e))?;
+        let query = String::from_utf8(bytes)
+            .map_err(|_| TrainError::bad_file(&path, "corrupt spool (not UTF-8)"))?;
+        Ok(Example { query, positives })
+    }
+}
+
+impl Drop for ExampleSpool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What a run trains on, held in memory.
 #[derive(Debug, Clone, Default)]
 pub struct TrainData {
     /// Every tool text (name and description as the engine sees it), each once; hard negatives
@@ -146,23 +297,38 @@ pub struct StepReport {
     pub learning_rate: f64,
 }
 
+/// Token rows of one batch, padded: ids, token types and mask.
+struct Rows {
+    ids: Tensor,
+    types: Tensor,
+    mask: Tensor,
+}
+
+/// One tokenized input: ids and token types.
+type Row = (Vec<u32>, Vec<u32>);
+
 /// A model being trained.
 pub struct Trainer {
     bert: Bert,
     tokenizer: Tokenizer,
+    tok_path: PathBuf,
     optimizer: AdamW,
     hyper: Hyper,
     rng: Rng,
     step: usize,
     total_steps: usize,
     base: PathBuf,
-    data: TrainData,
-    doc_tokens: Vec<Vec<u32>>,
-    query_tokens: Vec<Vec<u32>>,
+    examples: Box<dyn ExampleSource>,
+    /// The tools, tokenized without special tokens (the engine's own first step).
+    documents: Vec<Encoding>,
     /// Per example, the pool its hard negatives are drawn from.
-    hard: Vec<Vec<usize>>,
+    hard: Vec<Vec<u32>>,
+    /// Whether hard negatives were mined once (a cross-encoder mines only at the start).
+    mined: bool,
     /// (example, positive) pairs.
-    pairs: Vec<(usize, usize)>,
+    pairs: Vec<(u32, u32)>,
+    /// Special tokens the tokenizer adds to one text and to a pair.
+    specials: (usize, usize),
 }
 
 fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
@@ -173,18 +339,33 @@ impl Trainer {
     /// Loads the base model folder (config.json, tokenizer.json, model.safetensors) for
     /// training on `data`.
     pub fn new(base: &Path, data: TrainData, hyper: Hyper, device: &Device) -> Result<Self> {
+        Self::from_source(base, data.documents, Box::new(data.examples), hyper, device)
+    }
+
+    /// Like [`new`](Self::new), with the cases read by index from `examples` (one pass here
+    /// checks them and collects the pairs; each epoch reads them again).
+    pub fn from_source(
+        base: &Path,
+        documents: Vec<String>,
+        mut examples: Box<dyn ExampleSource>,
+        hyper: Hyper,
+        device: &Device,
+    ) -> Result<Self> {
         hyper.check()?;
-        if data.examples.is_empty() {
+        if examples.is_empty() {
             return Err(TrainError::BadData(
                 "no case with a needed tool to train on".into(),
             ));
         }
-        for (i, e) in data.examples.iter().enumerate() {
-            if e.positives.is_empty() || e.positives.iter().any(|&p| p >= data.documents.len()) {
+        let mut pairs = Vec::new();
+        for i in 0..examples.len() {
+            let e = examples.example(i)?;
+            if e.positives.is_empty() || e.positives.iter().any(|&p| p >= documents.len()) {
                 return Err(TrainError::BadData(format!(
                     "example {i}: positives must be indexes of documents"
                 )));
             }
+            pairs.extend(e.positives.iter().map(|&p| (i as u32, p as u32)));
         }
         let config = EncoderConfig::from_file(&base.join("config.json"))?;
         let weights = base.join("model.safetensors");
@@ -194,7 +375,8 @@ impl Trainer {
                 "missing (training reads safetensors weights)",
             ));
         }
-        let bert = Bert::load(&weights, config, device)?;
+        let mut rng = Rng::new(hyper.seed);
+        let bert = Bert::load(&weights, config, device, hyper.head, &mut rng)?;
         let tok_path = base.join("tokenizer.json");
         let mut tokenizer =
             Tokenizer::from_file(&tok_path).map_err(|e| tokenizer_error(&tok_path, e))?;
@@ -202,32 +384,18 @@ impl Trainer {
             .with_truncation(None)
             .map_err(|e| tokenizer_error(&tok_path, e))?;
         tokenizer.with_padding(None);
-        let max_length = hyper.max_length.min(bert.config.max_tokens());
-        let encode = |text: &String| -> Result<Vec<u32>> {
-            let enc = tokenizer
-                .encode(text.as_str(), true)
-                .map_err(|e| tokenizer_error(&tok_path, e))?;
-            let mut ids = enc.get_ids().to_vec();
-            if ids.len() > max_length {
-                // Keep the closing special token, as truncation in the tokenizer would.
-                let last = ids[ids.len() - 1];
-                ids.truncate(max_length - 1);
-                ids.push(last);
-            }
-            Ok(ids)
-        };
-        let doc_tokens = data.documents.iter().map(encode).collect::<Result<_>>()?;
-        let query_tokens = data
-            .examples
+        let specials = tokenizer
+            .get_post_processor()
+            .map(|p| (p.added_tokens(false), p.added_tokens(true)))
+            .unwrap_or((0, 0));
+        let documents = documents
             .iter()
-            .map(|e| encode(&e.query))
-            .collect::<Result<_>>()?;
-        let pairs: Vec<(usize, usize)> = data
-            .examples
-            .iter()
-            .enumerate()
-            .flat_map(|(i, e)| e.positives.iter().map(move |&p| (i, p)))
-            .collect();
+            .map(|d| {
+                tokenizer
+                    .encode_fast(d.as_str(), false)
+                    .map_err(|e| tokenizer_error(&tok_path, e))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let steps_per_epoch = pairs.len().div_ceil(hyper.batch_size);
         let vars = bert.vars.values().cloned().collect();
         let optimizer = AdamW::new(
@@ -241,17 +409,19 @@ impl Trainer {
         Ok(Self {
             bert,
             tokenizer,
+            tok_path,
             optimizer,
-            rng: Rng::new(hyper.seed),
+            rng,
             total_steps: steps_per_epoch * hyper.epochs,
             hyper,
             step: 0,
             base: base.to_path_buf(),
-            hard: vec![Vec::new(); data.examples.len()],
-            data,
-            doc_tokens,
-            query_tokens,
+            hard: vec![Vec::new(); examples.len()],
+            mined: false,
+            examples,
+            documents,
             pairs,
+            specials,
         })
     }
 
@@ -270,82 +440,173 @@ impl Trainer {
         &self.tokenizer
     }
 
-    fn batch(&self, rows: &[&[u32]]) -> Result<(Tensor, Tensor)> {
-        let l = rows.iter().map(|r| r.len()).max().unwrap_or(1);
+    /// The head being trained.
+    pub fn head(&self) -> TrainHead {
+        self.hyper.head
+    }
+
+    fn max_length(&self) -> usize {
+        self.hyper.max_length.min(self.bert.config.max_tokens())
+    }
+
+    fn encode(&self, text: &str) -> Result<Encoding> {
+        self.tokenizer
+            .encode_fast(text, false)
+            .map_err(|e| tokenizer_error(&self.tok_path, e))
+    }
+
+    fn finish(&self, first: Encoding, second: Option<Encoding>) -> Result<Row> {
+        let enc = self
+            .tokenizer
+            .post_process(first, second, true)
+            .map_err(|e| tokenizer_error(&self.tok_path, e))?;
+        Ok((enc.get_ids().to_vec(), enc.get_type_ids().to_vec()))
+    }
+
+    /// One text as the engine's bi-encoder reads it: a query keeps its end (the latest
+    /// turns), a tool its start.
+    fn single_row(&self, enc: &Encoding, keep_end: bool) -> Result<Row> {
+        let mut enc = enc.clone();
+        let budget = self.max_length().saturating_sub(self.specials.0);
+        if enc.len() > budget {
+            let direction = if keep_end {
+                TruncationDirection::Left
+            } else {
+                TruncationDirection::Right
+            };
+            enc.truncate(budget, 0, direction);
+            enc.take_overflowing();
+        }
+        self.finish(enc, None)
+    }
+
+    /// A (query, tool) pair trimmed exactly as the engine's cross-encoder trims it.
+    fn pair_row(&self, query: &Encoding, candidate: &Encoding) -> Result<Row> {
+        let budget = self.max_length().saturating_sub(self.specials.1);
+        let (mut query, mut cand) = (query.clone(), candidate.clone());
+        if query.len() + cand.len() > budget {
+            let reserve = query.len().min(budget / 4);
+            let cand_keep = cand.len().min(budget - reserve);
+            let query_keep = query.len().min(budget - cand_keep);
+            if cand.len() > cand_keep {
+                cand.truncate(cand_keep, 0, TruncationDirection::Right);
+                cand.take_overflowing();
+            }
+            query.truncate(query_keep, 0, TruncationDirection::Left);
+            query.take_overflowing();
+        }
+        self.finish(query, Some(cand))
+    }
+
+    fn batch(&self, rows: &[&Row]) -> Result<Rows> {
+        let l = rows.iter().map(|r| r.0.len()).max().unwrap_or(1);
         let pad = self.bert.config.pad_token_id;
         let mut ids = Vec::with_capacity(rows.len() * l);
+        let mut types = Vec::with_capacity(rows.len() * l);
         let mut mask = Vec::with_capacity(rows.len() * l);
-        for r in rows {
+        for (r, t) in rows {
             ids.extend_from_slice(r);
             ids.extend(std::iter::repeat_n(pad, l - r.len()));
+            types.extend_from_slice(t);
+            types.extend(std::iter::repeat_n(0, l - t.len()));
             mask.extend(std::iter::repeat_n(1f32, r.len()));
             mask.extend(std::iter::repeat_n(0f32, l - r.len()));
         }
         let d = &self.bert.device;
-        Ok((
-            Tensor::from_vec(ids, (rows.len(), l), d)?,
-            Tensor::from_vec(mask, (rows.len(), l), d)?,
-        ))
+        let shape = (rows.len(), l);
+        Ok(Rows {
+            ids: Tensor::from_vec(ids, shape, d)?,
+            types: Tensor::from_vec(types, shape, d)?,
+            mask: Tensor::from_vec(mask, shape, d)?,
+        })
     }
 
     /// Embeddings of token rows without dropout or gradients, in chunks.
-    fn embed_rows(&self, rows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
-        let mut out = Vec::with_capacity(rows.len());
+    fn embed_rows(&self, rows: &[Row]) -> Result<Vec<Vec<f32>>> {
         // Sorting by length keeps padding, hence work, small.
         let mut order: Vec<usize> = (0..rows.len()).collect();
-        order.sort_by_key(|&i| rows[i].len());
+        order.sort_by_key(|&i| rows[i].0.len());
         let mut vecs = vec![Vec::new(); rows.len()];
         for chunk in order.chunks(64) {
-            let refs: Vec<&[u32]> = chunk.iter().map(|&i| rows[i].as_slice()).collect();
-            let (ids, mask) = self.batch(&refs)?;
+            let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
+            let b = self.batch(&refs)?;
             let e = self
                 .bert
-                .embed(&ids, &mask, 0.0, None)?
+                .embed(&b.ids, &b.mask, 0.0, None)?
                 .detach()
                 .to_vec2::<f32>()?;
             for (&i, v) in chunk.iter().zip(e) {
                 vecs[i] = v;
             }
         }
-        out.extend(vecs);
-        Ok(out)
+        Ok(vecs)
     }
 
-    /// Sentence embeddings of `texts` by the current weights (no dropout): what the saved model
-    /// will compute.
+    /// Sentence embeddings of `texts` by the current weights (no dropout), each read as the
+    /// engine reads a tool: what the saved bi-encoder will compute.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         let rows = texts
             .iter()
-            .map(|t| {
-                self.tokenizer
-                    .encode(*t, true)
-                    .map(|e| e.get_ids().to_vec())
-                    .map_err(|e| TrainError::BadData(e.to_string()))
-            })
+            .map(|t| self.single_row(&self.encode(t)?, false))
             .collect::<Result<Vec<_>>>()?;
         self.embed_rows(&rows)
     }
 
-    /// Ranks every document for every query with the current weights and keeps, per case, the
-    /// best-ranked unneeded ones as its hard-negative pool.
+    /// The cross-encoder's logit for each (query, tool) pair by the current weights (no
+    /// dropout): what the saved cross-encoder will compute.
+    pub fn classify(&self, pairs: &[(&str, &str)]) -> Result<Vec<f32>> {
+        let rows = pairs
+            .iter()
+            .map(|(q, d)| self.pair_row(&self.encode(q)?, &self.encode(d)?))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Row> = rows.iter().collect();
+        let b = self.batch(&refs)?;
+        Ok(self
+            .bert
+            .classify(&b.ids, &b.types, &b.mask, 0.0, None)?
+            .detach()
+            .to_vec1::<f32>()?)
+    }
+
+    /// Ranks every document for every query with the current weights' embeddings and keeps,
+    /// per case, the best-ranked unneeded ones as its hard-negative pool. The queries are read
+    /// a chunk at a time.
     pub fn mine_hard_negatives(&mut self) -> Result<()> {
         let k = self.hyper.hard_negative_pool;
         if k == 0 {
             return Ok(());
         }
-        let docs = self.embed_rows(&self.doc_tokens)?;
-        let queries = self.embed_rows(&self.query_tokens)?;
-        for (i, q) in queries.iter().enumerate() {
-            let positives = &self.data.examples[i].positives;
-            let mut ranked: Vec<(f32, usize)> = docs
+        let doc_rows = self
+            .documents
+            .iter()
+            .map(|d| self.single_row(d, false))
+            .collect::<Result<Vec<_>>>()?;
+        let docs = self.embed_rows(&doc_rows)?;
+        let n = self.examples.len();
+        for start in (0..n).step_by(256) {
+            let end = (start + 256).min(n);
+            let mut cases = Vec::with_capacity(end - start);
+            for i in start..end {
+                cases.push(self.examples.example(i)?);
+            }
+            let rows = cases
                 .iter()
-                .enumerate()
-                .filter(|(j, _)| !positives.contains(j))
-                .map(|(j, d)| (q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>(), j))
-                .collect();
-            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            self.hard[i] = ranked.into_iter().take(k).map(|(_, j)| j).collect();
+                .map(|e| self.single_row(&self.encode(&e.query)?, true))
+                .collect::<Result<Vec<_>>>()?;
+            let queries = self.embed_rows(&rows)?;
+            for (offset, (q, case)) in queries.iter().zip(&cases).enumerate() {
+                let mut ranked: Vec<(f32, usize)> = docs
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| !case.positives.contains(j))
+                    .map(|(j, d)| (q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>(), j))
+                    .collect();
+                ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                self.hard[start + offset] =
+                    ranked.into_iter().take(k).map(|(_, j)| j as u32).collect();
+            }
         }
+        self.mined = true;
         Ok(())
     }
 
@@ -361,14 +622,18 @@ impl Trainer {
         self.hyper.learning_rate * factor
     }
 
-    /// One epoch: hard negatives re-mined, pairs shuffled, one optimiser step per batch.
-    /// `on_step` sees every step and may stop the epoch early ([`ControlFlow::Break`]), which
-    /// returns `Ok(false)`; a complete epoch returns `Ok(true)`.
+    /// One epoch: hard negatives (re-)mined, pairs shuffled, one optimiser step per batch.
+    /// A bi-encoder re-mines every epoch with its current embeddings; a cross-encoder mines
+    /// once, with the base's, which is the shortlist it will rerank. `on_step` sees every step
+    /// and may stop the epoch early ([`ControlFlow::Break`]), which returns `Ok(false)`; a
+    /// complete epoch returns `Ok(true)`.
     pub fn run_epoch(
         &mut self,
         on_step: &mut dyn FnMut(&StepReport) -> ControlFlow<()>,
     ) -> Result<bool> {
-        self.mine_hard_negatives()?;
+        if self.hyper.head == TrainHead::BiEncoder || !self.mined {
+            self.mine_hard_negatives()?;
+        }
         let mut order = self.pairs.clone();
         self.rng.shuffle(&mut order);
         for batch in order.chunks(self.hyper.batch_size) {
@@ -380,50 +645,24 @@ impl Trainer {
         Ok(true)
     }
 
-    fn step(&mut self, batch: &[(usize, usize)]) -> Result<StepReport> {
-        self.step += 1;
-        let n = batch.len();
-        // Documents: each pair's needed tool, then each pair's hard negative.
-        let mut docs: Vec<usize> = batch.iter().map(|&(_, p)| p).collect();
+    /// The batch's cases, read once each.
+    fn cases(&mut self, batch: &[(u32, u32)]) -> Result<HashMap<u32, Example>> {
+        let mut cases = HashMap::new();
         for &(e, _) in batch {
-            let pool = &self.hard[e];
-            if !pool.is_empty() {
-                docs.push(pool[self.rng.below(pool.len())]);
+            if let std::collections::hash_map::Entry::Vacant(slot) = cases.entry(e) {
+                slot.insert(self.examples.example(e as usize)?);
             }
         }
-        // Another pair's tool that this query also needs is no negative: mask it out.
-        let mut mask = Vec::with_capacity(n * docs.len());
-        for (i, &(e, _)) in batch.iter().enumerate() {
-            let positives = &self.data.examples[e].positives;
-            for (j, d) in docs.iter().enumerate() {
-                let hidden = j != i && (positives.contains(d) || *d == docs[i]);
-                mask.push(if hidden { -1e4f32 } else { 0.0 });
-            }
-        }
-        let q_rows: Vec<&[u32]> = batch
-            .iter()
-            .map(|&(e, _)| self.query_tokens[e].as_slice())
-            .collect();
-        let d_rows: Vec<&[u32]> = docs
-            .iter()
-            .map(|&d| self.doc_tokens[d].as_slice())
-            .collect();
-        let (qi, qm) = self.batch(&q_rows)?;
-        let (di, dm) = self.batch(&d_rows)?;
-        let p = self.hyper.dropout;
-        let q = self.bert.embed(&qi, &qm, p, Some(&mut self.rng))?;
-        let d = self.bert.embed(&di, &dm, p, Some(&mut self.rng))?;
-        let device = &self.bert.device;
-        let mask = Tensor::from_vec(mask, (n, docs.len()), device)?;
-        let logits = ((q.matmul(&d.t()?)? * self.hyper.scale)? + mask)?;
-        // Cross-entropy with target i for row i; |logits| <= scale, so no max shift is needed.
-        let lse = logits.exp()?.sum_keepdim(D::Minus1)?.log()?;
-        let eye: Vec<f32> = (0..n)
-            .flat_map(|i| (0..docs.len()).map(move |j| if i == j { 1.0 } else { 0.0 }))
-            .collect();
-        let eye = Tensor::from_vec(eye, (n, docs.len()), device)?;
-        let target = (logits * eye)?.sum_keepdim(D::Minus1)?;
-        let loss = (lse - target)?.mean_all()?;
+        Ok(cases)
+    }
+
+    fn step(&mut self, batch: &[(u32, u32)]) -> Result<StepReport> {
+        self.step += 1;
+        let cases = self.cases(batch)?;
+        let loss = match self.hyper.head {
+            TrainHead::BiEncoder => self.contrastive_loss(batch, &cases)?,
+            TrainHead::CrossEncoder => self.pair_loss(batch, &cases)?,
+        };
         let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
         if !value.is_finite() {
             return Err(TrainError::Diverged(value, self.step));
@@ -450,9 +689,100 @@ impl Trainer {
         Ok(StepReport {
             step: self.step,
             loss: value,
-            examples: n,
+            examples: batch.len(),
             learning_rate: lr,
         })
+    }
+
+    /// Multiple-negatives ranking: row i's needed tool against every other document of the
+    /// batch and the hard negatives.
+    fn contrastive_loss(
+        &mut self,
+        batch: &[(u32, u32)],
+        cases: &HashMap<u32, Example>,
+    ) -> Result<Tensor> {
+        let n = batch.len();
+        // Documents: each pair's needed tool, then each pair's hard negative.
+        let mut docs: Vec<usize> = batch.iter().map(|&(_, p)| p as usize).collect();
+        for &(e, _) in batch {
+            let pool = &self.hard[e as usize];
+            if !pool.is_empty() {
+                docs.push(pool[self.rng.below(pool.len())] as usize);
+            }
+        }
+        // Another pair's tool that this query also needs is no negative: mask it out.
+        let mut mask = Vec::with_capacity(n * docs.len());
+        for (i, (e, _)) in batch.iter().enumerate() {
+            let positives = &cases[e].positives;
+            for (j, d) in docs.iter().enumerate() {
+                let hidden = j != i && (positives.contains(d) || *d == docs[i]);
+                mask.push(if hidden { -1e4f32 } else { 0.0 });
+            }
+        }
+        let q_rows = batch
+            .iter()
+            .map(|(e, _)| self.single_row(&self.encode(&cases[e].query)?, true))
+            .collect::<Result<Vec<_>>>()?;
+        let d_rows = docs
+            .iter()
+            .map(|&d| self.single_row(&self.documents[d], false))
+            .collect::<Result<Vec<_>>>()?;
+        let qb = self.batch(&q_rows.iter().collect::<Vec<_>>())?;
+        let db = self.batch(&d_rows.iter().collect::<Vec<_>>())?;
+        let p = self.hyper.dropout;
+        let q = self.bert.embed(&qb.ids, &qb.mask, p, Some(&mut self.rng))?;
+        let d = self.bert.embed(&db.ids, &db.mask, p, Some(&mut self.rng))?;
+        let device = &self.bert.device;
+        let mask = Tensor::from_vec(mask, (n, docs.len()), device)?;
+        let logits = ((q.matmul(&d.t()?)? * self.hyper.scale)? + mask)?;
+        // Cross-entropy with target i for row i; |logits| <= scale, so no max shift is needed.
+        let lse = logits.exp()?.sum_keepdim(D::Minus1)?.log()?;
+        let eye: Vec<f32> = (0..n)
+            .flat_map(|i| (0..docs.len()).map(move |j| if i == j { 1.0 } else { 0.0 }))
+            .collect();
+        let eye = Tensor::from_vec(eye, (n, docs.len()), device)?;
+        let target = (logits * eye)?.sum_keepdim(D::Minus1)?;
+        Ok((lse - target)?.mean_all()?)
+    }
+
+    /// Binary cross-entropy over (query, tool) pairs: each needed tool is a positive, one of
+    /// the case's hard negatives and one random unneeded tool are negatives.
+    fn pair_loss(&mut self, batch: &[(u32, u32)], cases: &HashMap<u32, Example>) -> Result<Tensor> {
+        let mut items: Vec<(u32, usize, f32)> = Vec::with_capacity(3 * batch.len());
+        for &(e, p) in batch {
+            items.push((e, p as usize, 1.0));
+            let positives = &cases[&e].positives;
+            let pool = &self.hard[e as usize];
+            if !pool.is_empty() {
+                items.push((e, pool[self.rng.below(pool.len())] as usize, 0.0));
+            }
+            // A few draws find an unneeded tool unless nearly every tool is needed.
+            for _ in 0..8 {
+                let d = self.rng.below(self.documents.len());
+                if !positives.contains(&d) {
+                    items.push((e, d, 0.0));
+                    break;
+                }
+            }
+        }
+        let mut queries: HashMap<u32, Encoding> = HashMap::new();
+        for (e, case) in cases {
+            queries.insert(*e, self.encode(&case.query)?);
+        }
+        let rows = items
+            .iter()
+            .map(|(e, d, _)| self.pair_row(&queries[e], &self.documents[*d]))
+            .collect::<Result<Vec<_>>>()?;
+        let b = self.batch(&rows.iter().collect::<Vec<_>>())?;
+        let p = self.hyper.dropout;
+        let z = self
+            .bert
+            .classify(&b.ids, &b.types, &b.mask, p, Some(&mut self.rng))?;
+        let labels: Vec<f32> = items.iter().map(|i| i.2).collect();
+        let y = Tensor::from_vec(labels, items.len(), &self.bert.device)?;
+        // BCE with logits, stably: max(z, 0) - z·y + log(1 + exp(-|z|)).
+        let soft = ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?;
+        Ok((soft - (z * y)?)?.mean_all()?)
     }
 
     /// The current weights under their bare names, as f32 on the CPU: what gets saved.
@@ -465,45 +795,80 @@ impl Trainer {
     }
 
     /// Writes a complete model folder into `dir` (created; files in it are replaced): the
-    /// weights, the base model's configuration and tokenizer files, the sentence-transformers
-    /// head files (written when the base has none) and a manifest from `meta`.
+    /// weights, the base model's configuration and tokenizer files, the head's own files (the
+    /// sentence-transformers modules of a bi-encoder, the one-label classifier configuration
+    /// of a cross-encoder) and a manifest from `meta`.
     pub fn save(&self, dir: &Path, meta: &ModelMeta) -> Result<()> {
         let io = |p: &Path, e: std::io::Error| TrainError::bad_file(p, e);
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let weights = dir.join("model.safetensors");
         candle_core::safetensors::save(&self.weights()?, &weights)
             .map_err(|e| TrainError::bad_file(&weights, e))?;
-        copy_base_files(&self.base, dir)?;
-        if !dir.join("modules.json").is_file() {
-            let modules = r#"[
+        let head = self.hyper.head;
+        copy_base_files(&self.base, dir, head)?;
+        match head {
+            TrainHead::BiEncoder if !dir.join("modules.json").is_file() => {
+                let modules = r#"[
   {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
   {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
 ]
 "#;
-            let pooling = format!(
-                "{{\"word_embedding_dimension\": {}, \"pooling_mode_cls_token\": false, \"pooling_mode_mean_tokens\": true, \"pooling_mode_max_tokens\": false}}\n",
-                self.bert.config.hidden_size
-            );
-            let p = dir.join("modules.json");
-            std::fs::write(&p, modules).map_err(|e| io(&p, e))?;
-            let pdir = dir.join("1_Pooling");
-            std::fs::create_dir_all(&pdir).map_err(|e| io(&pdir, e))?;
-            let p = pdir.join("config.json");
-            std::fs::write(&p, pooling).map_err(|e| io(&p, e))?;
+                let pooling = format!(
+                    "{{\"word_embedding_dimension\": {}, \"pooling_mode_cls_token\": false, \"pooling_mode_mean_tokens\": true, \"pooling_mode_max_tokens\": false}}\n",
+                    self.bert.config.hidden_size
+                );
+                let p = dir.join("modules.json");
+                std::fs::write(&p, modules).map_err(|e| io(&p, e))?;
+                let pdir = dir.join("1_Pooling");
+                std::fs::create_dir_all(&pdir).map_err(|e| io(&pdir, e))?;
+                let p = pdir.join("config.json");
+                std::fs::write(&p, pooling).map_err(|e| io(&p, e))?;
+            }
+            TrainHead::BiEncoder => {}
+            TrainHead::CrossEncoder => {
+                // The base's config with one label: what transformers and the engine read as a
+                // one-logit sequence classifier.
+                let path = self.base.join("config.json");
+                let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
+                let mut config: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| TrainError::bad_file(&path, e))?;
+                if let Some(obj) = config.as_object_mut() {
+                    obj.insert(
+                        "architectures".into(),
+                        serde_json::json!(["BertForSequenceClassification"]),
+                    );
+                    obj.insert("id2label".into(), serde_json::json!({"0": "LABEL_0"}));
+                    obj.insert("label2id".into(), serde_json::json!({"LABEL_0": 0}));
+                    obj.remove("num_labels");
+                }
+                let p = dir.join("config.json");
+                let text = serde_json::to_string_pretty(&config)
+                    .map_err(|e| TrainError::bad_file(&p, e))?;
+                std::fs::write(&p, text + "\n").map_err(|e| io(&p, e))?;
+            }
         }
         write_manifest(dir, meta)
     }
 }
 
-/// Files of the base folder that describe the model rather than its weights: copied as they are.
-fn copy_base_files(base: &Path, dir: &Path) -> Result<()> {
+/// sentence-transformers' files, which describe a bi-encoder's pooling.
+const SENTENCE_TRANSFORMERS: [&str; 3] = [
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+];
+
+/// Files of the base folder that describe the model rather than its weights: copied as they
+/// are, but for a cross-encoder, which gets its own config.json and no pooling modules.
+fn copy_base_files(base: &Path, dir: &Path, head: TrainHead) -> Result<()> {
     const SKIP: [&str; 4] = [
         "model.safetensors",
         "pytorch_model.bin",
         "manifest.toml",
         "reference.json",
     ];
+    let cross = head == TrainHead::CrossEncoder;
     let io = |p: &Path, e: std::io::Error| TrainError::bad_file(p, e);
     for entry in std::fs::read_dir(base).map_err(|e| io(base, e))? {
         let entry = entry.map_err(|e| io(base, e))?;
@@ -512,9 +877,12 @@ fn copy_base_files(base: &Path, dir: &Path) -> Result<()> {
         if SKIP.contains(&name.as_str()) || name.starts_with('.') {
             continue;
         }
+        if cross && (SENTENCE_TRANSFORMERS.contains(&name.as_str()) || name == "config.json") {
+            continue;
+        }
         if path.is_file() {
             std::fs::copy(&path, dir.join(&name)).map_err(|e| io(&path, e))?;
-        } else if path.is_dir() && name.starts_with(|c: char| c.is_ascii_digit()) {
+        } else if !cross && path.is_dir() && name.starts_with(|c: char| c.is_ascii_digit()) {
             // sentence-transformers module folders (1_Pooling, 2_Normalize).
             let target = dir.join(&name);
             std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
@@ -540,6 +908,8 @@ pub struct ModelMeta {
     pub base_hf_id: String,
     /// The base model as given (folder or name).
     pub base: String,
+    /// The head the weights were trained for.
+    pub head: TrainHead,
     /// The longest input in tokens.
     pub max_length: usize,
     /// The base model's licence, which the weights inherit.
@@ -584,7 +954,7 @@ pub fn write_manifest(dir: &Path, meta: &ModelMeta) -> Result<()> {
     t.insert("hf_id".into(), meta.base_hf_id.clone().into());
     t.insert("revision".into(), "trained".into());
     t.insert("architecture".into(), "bert".into());
-    t.insert("head".into(), "bi-encoder".into());
+    t.insert("head".into(), meta.head.name().into());
     t.insert("max_length".into(), (meta.max_length as i64).into());
     if let Some(l) = &meta.license {
         t.insert("license".into(), l.clone().into());
@@ -709,6 +1079,7 @@ mod tests {
             name: "tiny-trained".into(),
             base_hf_id: "local/tiny-bert-1".into(),
             base: fixture().display().to_string(),
+            head: TrainHead::BiEncoder,
             max_length: 32,
             license: None,
             lexical_weight: None,
@@ -749,6 +1120,211 @@ mod tests {
         assert!(manifest.files.contains_key("model.safetensors"));
         assert!(manifest.training.unwrap().contains_key("learning_rate"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// How many requests give their own tool the highest logit.
+    fn top1_pairs(classify: impl Fn(&[(&str, &str)]) -> Vec<f32>) -> usize {
+        let d = data();
+        d.examples
+            .iter()
+            .filter(|e| {
+                let pairs: Vec<(&str, &str)> = d
+                    .documents
+                    .iter()
+                    .map(|doc| (e.query.as_str(), doc.as_str()))
+                    .collect();
+                let logits = classify(&pairs);
+                let best = (0..logits.len())
+                    .max_by(|&i, &j| logits[i].total_cmp(&logits[j]))
+                    .unwrap();
+                best == e.positives[0]
+            })
+            .count()
+    }
+
+    fn cross_hyper(seed: u64, epochs: usize) -> Hyper {
+        Hyper {
+            head: TrainHead::CrossEncoder,
+            learning_rate: 1e-2,
+            hard_negative_pool: 3,
+            ..hyper(seed, epochs)
+        }
+    }
+
+    /// tiny-bert-1 without its classifier and pooler, as a bi-encoder base would be.
+    fn headless_base(dir: &Path) -> PathBuf {
+        let base = dir.join("headless");
+        std::fs::create_dir_all(&base).unwrap();
+        for f in [
+            "tokenizer.json",
+            "special_tokens_map.json",
+            "tokenizer_config.json",
+        ] {
+            std::fs::copy(fixture().join(f), base.join(f)).unwrap();
+        }
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+                .unwrap();
+        let obj = config.as_object_mut().unwrap();
+        obj.remove("id2label");
+        obj.remove("label2id");
+        obj.insert("architectures".into(), serde_json::json!(["BertModel"]));
+        std::fs::write(base.join("config.json"), config.to_string()).unwrap();
+        let tensors: HashMap<String, Tensor> =
+            candle_core::safetensors::load(fixture().join("model.safetensors"), &Device::Cpu)
+                .unwrap()
+                .into_iter()
+                .filter(|(k, _)| !k.contains("classifier") && !k.contains("pooler"))
+                .collect();
+        candle_core::safetensors::save(&tensors, base.join("model.safetensors")).unwrap();
+        base
+    }
+
+    #[test]
+    fn a_cross_encoder_learns_and_the_engine_reads_it_back() {
+        let dir = std::env::temp_dir().join(format!("decide-train-cross-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // From a base without a classifier: the pooler and the logit are initialised.
+        let base = headless_base(&dir);
+        let epochs = 40;
+        let mut t = Trainer::new(&base, data(), cross_hyper(5, epochs), &Device::Cpu).unwrap();
+        let before = top1_pairs(|p| t.classify(p).unwrap());
+        let mut losses = Vec::new();
+        for _ in 0..epochs {
+            let (mut sum, mut n) = (0.0, 0);
+            assert!(t
+                .run_epoch(&mut |r| {
+                    sum += r.loss;
+                    n += 1;
+                    ControlFlow::Continue(())
+                })
+                .unwrap());
+            losses.push(sum / n as f32);
+        }
+        assert!(
+            *losses.last().unwrap() < 0.5 * losses[0],
+            "loss per epoch: {losses:?}"
+        );
+        let out = dir.join("trained");
+        let meta = ModelMeta {
+            name: "tiny-cross".into(),
+            base_hf_id: "local/headless".into(),
+            base: base.display().to_string(),
+            head: TrainHead::CrossEncoder,
+            max_length: 32,
+            license: None,
+            lexical_weight: None,
+            calibration: None,
+            training: cross_hyper(5, epochs).to_toml(),
+        };
+        t.save(&out, &meta).unwrap();
+        assert!(!out.join("modules.json").exists());
+        let engine = decide_engine::Engine::builder()
+            .model(out.to_str().unwrap())
+            .build()
+            .unwrap();
+        assert_eq!(engine.info().head, decide_engine::HeadName::CrossEncoder);
+        // The engine's inference path computes the training path's logits.
+        let pairs = [
+            (
+                "please help me with maps now",
+                "maps: find a route between two places",
+            ),
+            (
+                "please help me with music now",
+                "weather: get the forecast for a city",
+            ),
+        ];
+        let ours = t.classify(&pairs).unwrap();
+        let theirs = engine.classify_pairs(&pairs).unwrap();
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert!((a - b[0]).abs() < 1e-4, "{a} vs {}", b[0]);
+        }
+        let after = top1_pairs(|p| {
+            engine
+                .classify_pairs(p)
+                .unwrap()
+                .into_iter()
+                .map(|l| l[0])
+                .collect()
+        });
+        assert!(
+            after > before + 2 && after >= 6,
+            "top-1 before {before}/8, after {after}/8"
+        );
+        let manifest = decide_engine::Manifest::read_from(&out).unwrap().unwrap();
+        assert_eq!(manifest.head, decide_engine::HeadName::CrossEncoder);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_cross_encoder_needs_a_one_label_base() {
+        let base = fixture().join("../tiny-bert-3");
+        let err = Trainer::new(&base, data(), cross_hyper(1, 1), &Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("classifier has 3 labels"), "{err}");
+    }
+
+    #[test]
+    fn the_spool_reads_back_what_was_written_and_cleans_up() {
+        let path = std::env::temp_dir().join(format!("decide-spool-{}", std::process::id()));
+        let examples = vec![
+            Example {
+                query: "user: météo à Zürich ✓".into(),
+                positives: vec![3, 1],
+            },
+            Example {
+                query: String::new(),
+                positives: vec![0],
+            },
+            Example {
+                query: "x\ny".into(),
+                positives: vec![7, 8, 9],
+            },
+        ];
+        let mut spool = ExampleSpool::create(&path).unwrap();
+        for e in &examples {
+            spool.push(e).unwrap();
+        }
+        assert_eq!(ExampleSource::len(&spool), 3);
+        for i in [2, 0, 1, 2] {
+            assert_eq!(spool.example(i).unwrap(), examples[i]);
+        }
+        assert!(spool.example(3).is_err());
+        assert!(spool.push(&examples[0]).is_err(), "no writes once reading");
+        drop(spool);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn training_from_the_spool_equals_training_from_memory() {
+        let path = std::env::temp_dir().join(format!("decide-spool-eq-{}", std::process::id()));
+        let d = data();
+        let mut spool = ExampleSpool::create(&path).unwrap();
+        for e in &d.examples {
+            spool.push(e).unwrap();
+        }
+        let mut spooled = Trainer::from_source(
+            &fixture(),
+            d.documents.clone(),
+            Box::new(spool),
+            hyper(9, 1),
+            &Device::Cpu,
+        )
+        .unwrap();
+        spooled
+            .run_epoch(&mut |_| ControlFlow::Continue(()))
+            .unwrap();
+        let a = spooled.weights().unwrap();
+        let b = train(9, 1).0.weights().unwrap();
+        for (name, ta) in &a {
+            let va = ta.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let vb = b[name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(va, vb, "{name}");
+        }
     }
 
     #[test]
