@@ -42,6 +42,10 @@ pub struct Global {
     /// How many tools the --rerank model rescores.
     #[arg(long, global = true, value_name = "K", default_value_t = decide_engine::DEFAULT_TOP_K)]
     pub rerank_top: usize,
+    /// Which code runs the encoder on the CPU: auto (fused kernels at the widest instruction set
+    /// detected), avx2, portable, or stock (candle's own ops, the f32 reference).
+    #[arg(long, global = true, default_value = "auto", value_parser = parse_kernels)]
+    pub kernels: decide_engine::CpuKernels,
 }
 
 fn parse_device(s: &str) -> Result<DeviceSpec, String> {
@@ -69,6 +73,7 @@ impl Global {
             .device(self.device)
             .precision(self.dtype)
             .max_batch_tokens(self.max_batch_tokens)
+            .cpu_kernels(self.kernels)
             .allow_uncalibrated(allow_uncalibrated)
             .build()?)
     }
@@ -237,6 +242,10 @@ pub struct EvalArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also write every case's ranking here, one JSON line a case: {"id", "expected",
+    /// "ranking": [{"tool", "probability"}, ...]}, most probable first.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub cases_out: Option<PathBuf>,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -278,10 +287,6 @@ pub struct BenchArgs {
     /// Skip the decision-latency runs.
     #[arg(long)]
     pub no_decisions: bool,
-    /// Which code runs the encoder on the CPU: auto (fused kernels at the widest instruction set
-    /// detected), avx2, portable, or stock (candle's own ops, for comparison).
-    #[arg(long, default_value = "auto", value_parser = parse_kernels)]
-    pub kernels: decide_engine::CpuKernels,
     /// Timed calls per cell, at least.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,

@@ -155,7 +155,7 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         .model(&global.model)
         .device(global.device)
         .precision(global.dtype)
-        .cpu_kernels(args.kernels)
+        .cpu_kernels(global.kernels)
         // The whole batch in one forward pass: the batch size is what is measured.
         .max_batch_tokens(longest.max(global.max_batch_tokens))
         .build()?;

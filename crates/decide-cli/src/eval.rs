@@ -3,12 +3,14 @@
 //! Every case goes through the same filter as `decide select` and `decide score`; the metrics themselves live in
 //! `decide-eval`, where they are tested on hand-computed numbers.
 
-use std::io::Write;
-use std::path::Path;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_eval::{evaluate, Candidate, Report, ScoredCase};
+use decide_eval::{evaluate, ranking, Candidate, Report, ScoredCase};
+use serde_json::{json, Value};
 
 use crate::args::{EvalArgs, FilterArgs, Global};
 use crate::decider::Decider;
@@ -23,8 +25,23 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         bail!("--max-results: not used by eval, which measures the selection at --min-probability (see recall@k for the top k)");
     }
     let reader = Cases::open(&args.cases)?;
+    // Created before the model loads, so that a bad path fails at once.
+    let mut cases_out = args
+        .cases_out
+        .as_deref()
+        .map(CasesOut::create)
+        .transpose()?;
     let engine = global.decider(false)?;
-    let report = evaluate_cases(&engine, reader, &args.filter, &args.cases.data)?;
+    let report = evaluate_cases_to(
+        &engine,
+        reader,
+        &args.filter,
+        &args.cases.data,
+        cases_out.as_mut(),
+    )?;
+    if let Some(c) = cases_out {
+        c.finish()?;
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut json = serde_json::to_value(&report)?;
@@ -59,6 +76,17 @@ pub fn evaluate_cases(
     reader: Cases,
     filter: &FilterArgs,
     data: &Path,
+) -> anyhow::Result<Report> {
+    evaluate_cases_to(engine, reader, filter, data, None)
+}
+
+/// [`evaluate_cases`], also writing each case's ranking to `cases_out` (`--cases-out`) when given.
+fn evaluate_cases_to(
+    engine: &Decider,
+    reader: Cases,
+    filter: &FilterArgs,
+    data: &Path,
+    mut cases_out: Option<&mut CasesOut>,
 ) -> anyhow::Result<Report> {
     let bar = progress(reader.total, "evaluating");
     let mut cases = Vec::new();
@@ -98,11 +126,49 @@ pub fn evaluate_cases(
         scored
             .check()
             .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        if let Some(out) = cases_out.as_deref_mut() {
+            out.write(&case.id, &scored)?;
+        }
         cases.push(scored);
         bar.inc(1);
     }
     bar.finish_and_clear();
     evaluate(&cases, filter.min_probability).with_context(|| data.display().to_string())
+}
+
+/// `--cases-out`: one JSON line per case, `{"id", "expected", "ranking": [{"tool", "probability"}, ...]}`, the
+/// candidates in the rank order the metrics use ([`ranking`]: probability descending, ties in catalogue order).
+struct CasesOut {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl CasesOut {
+    fn create(path: &Path) -> anyhow::Result<Self> {
+        let file = File::create(path).with_context(|| format!("--cases-out {}", path.display()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            out: BufWriter::new(file),
+        })
+    }
+
+    fn write(&mut self, id: &Value, case: &ScoredCase) -> anyhow::Result<()> {
+        let ranked: Vec<Value> = ranking(&case.candidates)
+            .into_iter()
+            .map(|i| {
+                let c = &case.candidates[i];
+                json!({"tool": c.name, "probability": c.probability})
+            })
+            .collect();
+        let line = json!({"id": id, "expected": case.expected, "ranking": ranked});
+        writeln!(self.out, "{line}").with_context(|| format!("--cases-out {}", self.path.display()))
+    }
+
+    fn finish(mut self) -> anyhow::Result<()> {
+        self.out
+            .flush()
+            .with_context(|| format!("--cases-out {}", self.path.display()))
+    }
 }
 
 /// The report as (metric, value) rows; a metric with nothing to average over reads "n/a".
