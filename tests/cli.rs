@@ -1000,6 +1000,7 @@ fn bm25_needs_no_model_files_and_selects_by_words() {
 
 #[test]
 fn bench_measures_every_cell_and_the_decisions() {
+    let plot = std::env::temp_dir().join(format!("decide-bench-{}.png", std::process::id()));
     let o = decide(&[
         "bench",
         "--batch-sizes",
@@ -1014,8 +1015,17 @@ fn bench_measures_every_cell_and_the_decisions() {
         "0",
         "--json",
         "--no-progress",
+        "--plot",
+        plot.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    let png = std::fs::read(&plot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 4_000,
+        "{} bytes",
+        png.len()
+    );
+    std::fs::remove_file(&plot).unwrap();
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["kernels"].as_str().unwrap().starts_with("fused-"), "{v}");
     assert!(v["matmul_peak_gflops"].as_f64().unwrap() > 0.0);

@@ -287,6 +287,10 @@ pub struct BenchArgs {
     /// Skip the decision-latency runs.
     #[arg(long)]
     pub no_decisions: bool,
+    /// Also draw throughput (pairs/s) against batch size, a line per sequence length, into
+    /// this PNG.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
     /// Timed calls per cell, at least.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,

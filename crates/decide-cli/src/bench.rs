@@ -239,6 +239,26 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         cells,
         decisions,
     };
+    if let Some(path) = &args.plot {
+        let series: Vec<(String, Vec<(usize, f64)>)> = args
+            .seq_lens
+            .iter()
+            .map(|&tokens| {
+                let points = report
+                    .cells
+                    .iter()
+                    .filter(|c| c.tokens == tokens)
+                    .map(|c| (c.batch, c.pairs_per_s))
+                    .collect();
+                (format!("{tokens} tokens"), points)
+            })
+            .collect();
+        let title = format!(
+            "{} on {} ({}, {})",
+            report.model, report.device, report.dtype, report.kernels
+        );
+        crate::plot::throughput_png(path, &title, &series)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -1,6 +1,7 @@
-//! The reliability plot of `decide calibrate --plot`: predicted probability against the share of
-//! pairs that were positive, per bin, before and after the fit. A calibrated model lies on the
-//! diagonal.
+//! The plots the commands draw: `decide calibrate --plot`'s reliability diagram (predicted
+//! probability against the share of pairs that were positive, per bin, before and after the fit;
+//! a calibrated model lies on the diagonal) and `decide bench --plot`'s throughput against batch
+//! size.
 
 use std::path::Path;
 
@@ -70,6 +71,92 @@ fn draw(
         chart
             .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
             .label(format!("{label} (ECE {:.3})", reliability.ece))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 4, colour.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 16))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.3))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Draws throughput (pairs/s) against batch size, one line per `(label, points)` series, into a
+/// PNG at `path`. The measured batch sizes are spaced evenly and labelled exactly: they usually
+/// double, and a log axis would label sizes nobody measured.
+pub fn throughput_png(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(usize, f64)>)],
+) -> anyhow::Result<()> {
+    font()?;
+    draw_throughput(path, title, series)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("--plot {}", path.display()))
+}
+
+fn draw_throughput(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(usize, f64)>)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut batches: Vec<usize> = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|p| p.0))
+        .collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let slot = |b: usize| batches.iter().position(|&x| x == b).unwrap_or(0) as f64;
+    let max_rate = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max)
+        .max(1.0);
+    let n = batches.len().max(1);
+    let root = BitMapBackend::new(path, (880, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(-0.3f64..(n as f64 - 0.7), 0.0f64..max_rate * 1.15)?;
+    let label = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 {
+            batches
+                .get(i as usize)
+                .map(|b| b.to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&label)
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .disable_x_mesh()
+        .x_desc("batch size (pairs per forward pass)")
+        .y_desc("pairs per second")
+        .label_style(("sans-serif", 16))
+        .draw()?;
+    let colours = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
+    for (i, (label, points)) in series.iter().enumerate() {
+        let colour = colours[i % colours.len()];
+        let points: Vec<(f64, f64)> = points.iter().map(|&(b, r)| (slot(b), r)).collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+            .label(label.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
         chart.draw_series(
             points
