@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use decide_eval::Reliability;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 /// Registers the bundled font once: a PNG carries no fonts, and the system's may be missing.
@@ -59,25 +60,47 @@ fn draw(
         .draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.4)))?
         .label("perfect calibration")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.4)));
-    let colours = [RED, BLUE, GREEN, MAGENTA];
     for (i, (label, reliability)) in curves.iter().enumerate() {
-        let colour = colours[i % colours.len()];
-        let points: Vec<(f64, f64)> = reliability
+        let points = reliability
             .bins
             .iter()
             .filter(|b| b.count > 0)
             .map(|b| (b.mean_probability, b.positive_rate))
             .collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
-            .label(format!("{label} (ECE {:.3})", reliability.ece))
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(|p| Circle::new(p, 4, colour.filled())),
-        )?;
+        let label = format!("{label} (ECE {:.3})", reliability.ece);
+        line_with_dots(&mut chart, points, label, COLOURS[i % COLOURS.len()])?;
     }
+    legend(&mut chart)?;
+    root.present()?;
+    Ok(())
+}
+
+const COLOURS: [RGBColor; 6] = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
+
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One series: a line with a dot at each point, named `label` in the legend.
+fn line_with_dots(
+    chart: &mut Chart,
+    points: Vec<(f64, f64)>,
+    label: String,
+    colour: RGBColor,
+) -> Result<(), Box<dyn std::error::Error>> {
+    chart
+        .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+    chart.draw_series(
+        points
+            .into_iter()
+            .map(|p| Circle::new(p, 4, colour.filled())),
+    )?;
+    Ok(())
+}
+
+/// The legend box, top left.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), Box<dyn std::error::Error>> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
@@ -85,7 +108,6 @@ fn draw(
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.3))
         .draw()?;
-    root.present()?;
     Ok(())
 }
 
@@ -150,27 +172,16 @@ fn draw_throughput(
         .y_desc("pairs per second")
         .label_style(("sans-serif", 16))
         .draw()?;
-    let colours = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
     for (i, (label, points)) in series.iter().enumerate() {
-        let colour = colours[i % colours.len()];
-        let points: Vec<(f64, f64)> = points.iter().map(|&(b, r)| (slot(b), r)).collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
-            .label(label.as_str())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(|p| Circle::new(p, 4, colour.filled())),
+        let points = points.iter().map(|&(b, r)| (slot(b), r)).collect();
+        line_with_dots(
+            &mut chart,
+            points,
+            label.clone(),
+            COLOURS[i % COLOURS.len()],
         )?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 16))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.3))
-        .draw()?;
+    legend(&mut chart)?;
     root.present()?;
     Ok(())
 }

@@ -556,21 +556,11 @@ impl Engine {
             .info
             .max_length
             .saturating_sub(self.specials(false));
-        if enc.len() > budget {
-            let direction = if keep_end {
-                TruncationDirection::Left
-            } else {
-                TruncationDirection::Right
-            };
-            enc.truncate(budget, 0, direction);
-            enc.take_overflowing();
-        }
+        trim_single(&mut enc, budget, keep_end);
         self.finish(enc, None)
     }
 
-    /// A (query, candidate) pair as a cross-encoder reads it. When the pair is too long the
-    /// query loses its oldest tokens first; the candidate is cut only when it alone would
-    /// crowd the query out of its reserved quarter of the budget.
+    /// A (query, candidate) pair as a cross-encoder reads it, trimmed by [`trim_pair`].
     pub(crate) fn pair_row(&self, query: &Encoding, candidate: &str) -> Result<Row> {
         let mut cand = self.encode(candidate)?;
         let budget = self
@@ -579,17 +569,7 @@ impl Engine {
             .max_length
             .saturating_sub(self.specials(true));
         let mut query = query.clone();
-        if query.len() + cand.len() > budget {
-            let reserve = query.len().min(budget / 4);
-            let cand_keep = cand.len().min(budget - reserve);
-            let query_keep = query.len().min(budget - cand_keep);
-            if cand.len() > cand_keep {
-                cand.truncate(cand_keep, 0, TruncationDirection::Right);
-                cand.take_overflowing();
-            }
-            query.truncate(query_keep, 0, TruncationDirection::Left);
-            query.take_overflowing();
-        }
+        trim_pair(&mut query, &mut cand, budget);
         self.finish(query, Some(cand))
     }
 
@@ -822,4 +802,36 @@ pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f64 {
     } else {
         dot / (na.sqrt() * nb.sqrt())
     }
+}
+/// Trims one text's tokens (special tokens not yet added) to `budget`: a query keeps its end
+/// (the latest turns), a tool its start. The engine and `decide-train` both trim through this,
+/// so a trained model sees what it will be asked.
+pub fn trim_single(enc: &mut Encoding, budget: usize, keep_end: bool) {
+    if enc.len() > budget {
+        let direction = if keep_end {
+            TruncationDirection::Left
+        } else {
+            TruncationDirection::Right
+        };
+        enc.truncate(budget, 0, direction);
+        enc.take_overflowing();
+    }
+}
+
+/// Trims a (query, candidate) pair (special tokens not yet added) to `budget` tokens as a
+/// cross-encoder reads it: the query loses its oldest tokens first; the candidate is cut only
+/// when it alone would crowd the query out of its reserved quarter of the budget.
+pub fn trim_pair(query: &mut Encoding, candidate: &mut Encoding, budget: usize) {
+    if query.len() + candidate.len() <= budget {
+        return;
+    }
+    let reserve = query.len().min(budget / 4);
+    let cand_keep = candidate.len().min(budget - reserve);
+    let query_keep = query.len().min(budget - cand_keep);
+    if candidate.len() > cand_keep {
+        candidate.truncate(cand_keep, 0, TruncationDirection::Right);
+        candidate.take_overflowing();
+    }
+    query.truncate(query_keep, 0, TruncationDirection::Left);
+    query.take_overflowing();
 }

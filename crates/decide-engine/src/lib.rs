@@ -79,8 +79,8 @@ pub use config::{Activation, EncoderConfig, Family};
 pub use decision::{candidate_text, StagedDecision};
 pub use device::{CpuKernels, DeviceSpec, Precision};
 pub use engine::{
-    Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_CAPACITY,
-    DEFAULT_MAX_BATCH_TOKENS,
+    trim_pair, trim_single, Engine, EngineBuilder, ModelInfo, ScoreKind, Scores,
+    DEFAULT_CACHE_CAPACITY, DEFAULT_MAX_BATCH_TOKENS,
 };
 pub use error::{EngineError, Result};
 pub use lexical::{Bm25Model, BM25_MODEL_NAME};

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
-use decide_engine::{Calibration, EncoderConfig};
+use decide_engine::{trim_pair, trim_single, Calibration, EncoderConfig};
 use sha2::{Digest, Sha256};
-use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
+use tokenizers::{Encoding, PostProcessor, Tokenizer};
 
 use crate::error::{Result, TrainError};
 use crate::model::{Bert, Rng};
@@ -467,34 +467,22 @@ impl Trainer {
     /// turns), a tool its start.
     fn single_row(&self, enc: &Encoding, keep_end: bool) -> Result<Row> {
         let mut enc = enc.clone();
-        let budget = self.max_length().saturating_sub(self.specials.0);
-        if enc.len() > budget {
-            let direction = if keep_end {
-                TruncationDirection::Left
-            } else {
-                TruncationDirection::Right
-            };
-            enc.truncate(budget, 0, direction);
-            enc.take_overflowing();
-        }
+        trim_single(
+            &mut enc,
+            self.max_length().saturating_sub(self.specials.0),
+            keep_end,
+        );
         self.finish(enc, None)
     }
 
     /// A (query, tool) pair trimmed exactly as the engine's cross-encoder trims it.
     fn pair_row(&self, query: &Encoding, candidate: &Encoding) -> Result<Row> {
-        let budget = self.max_length().saturating_sub(self.specials.1);
         let (mut query, mut cand) = (query.clone(), candidate.clone());
-        if query.len() + cand.len() > budget {
-            let reserve = query.len().min(budget / 4);
-            let cand_keep = cand.len().min(budget - reserve);
-            let query_keep = query.len().min(budget - cand_keep);
-            if cand.len() > cand_keep {
-                cand.truncate(cand_keep, 0, TruncationDirection::Right);
-                cand.take_overflowing();
-            }
-            query.truncate(query_keep, 0, TruncationDirection::Left);
-            query.take_overflowing();
-        }
+        trim_pair(
+            &mut query,
+            &mut cand,
+            self.max_length().saturating_sub(self.specials.1),
+        );
         self.finish(query, Some(cand))
     }
 
@@ -1049,12 +1037,11 @@ mod tests {
             .count()
     }
 
-    fn train(seed: u64, epochs: usize) -> (Trainer, Vec<f32>) {
-        let mut t = Trainer::new(&fixture(), data(), hyper(seed, epochs), &Device::Cpu).unwrap();
+    /// Runs `epochs` complete epochs; the mean loss of each.
+    fn run_epochs(t: &mut Trainer, epochs: usize) -> Vec<f32> {
         let mut losses = Vec::new();
         for _ in 0..epochs {
-            let mut sum = 0.0;
-            let mut n = 0;
+            let (mut sum, mut n) = (0.0, 0);
             assert!(t
                 .run_epoch(&mut |r| {
                     sum += r.loss;
@@ -1064,6 +1051,12 @@ mod tests {
                 .unwrap());
             losses.push(sum / n as f32);
         }
+        losses
+    }
+
+    fn train(seed: u64, epochs: usize) -> (Trainer, Vec<f32>) {
+        let mut t = Trainer::new(&fixture(), data(), hyper(seed, epochs), &Device::Cpu).unwrap();
+        let losses = run_epochs(&mut t, epochs);
         (t, losses)
     }
 
@@ -1190,18 +1183,7 @@ mod tests {
         let epochs = 40;
         let mut t = Trainer::new(&base, data(), cross_hyper(5, epochs), &Device::Cpu).unwrap();
         let before = top1_pairs(|p| t.classify(p).unwrap());
-        let mut losses = Vec::new();
-        for _ in 0..epochs {
-            let (mut sum, mut n) = (0.0, 0);
-            assert!(t
-                .run_epoch(&mut |r| {
-                    sum += r.loss;
-                    n += 1;
-                    ControlFlow::Continue(())
-                })
-                .unwrap());
-            losses.push(sum / n as f32);
-        }
+        let losses = run_epochs(&mut t, epochs);
         assert!(
             *losses.last().unwrap() < 0.5 * losses[0],
             "loss per epoch: {losses:?}"
