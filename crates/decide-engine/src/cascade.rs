@@ -5,8 +5,10 @@
 //! accurate, but costs a forward pass per pair. [`Cascade`] gets most of the accuracy at a small
 //! part of the cost: the shortlist model answers every yes/no question of a request, the
 //! `top_k` most probable go to the rescorer, and the rescorer's answers replace the
-//! shortlist's for those. Questions outside the shortlist keep the shortlist's answer, which
-//! was below all of the shortlisted ones.
+//! shortlist's for those. Questions outside the shortlist were less probable than every
+//! shortlisted one by the shortlist's judgement, so they stay below the rescorer's answers:
+//! when the most probable of them would outrank the rescorer's least probable answer, all of
+//! them are scaled down in proportion until it no longer does (their order kept).
 //!
 //! Choice and scale questions, and requests with no more yes/no questions than `top_k`, go to
 //! the rescorer alone: there is nothing to save. Both models are any
@@ -17,7 +19,7 @@ use std::sync::Arc;
 
 use decide_contract::{
     DecisionError, DecisionModel, DecisionRequest, DecisionRequestParameters, DecisionResponse,
-    Question,
+    Question, YesNoAnswer,
 };
 
 /// How many questions the rescorer sees by default.
@@ -115,13 +117,35 @@ impl DecisionModel for Cascade {
         if let Some(usage) = usage {
             response = response.token_usage(usage);
         }
+        // The rescorer's least probable shortlisted answer, and the shortlist's most probable
+        // answer outside it: the outsiders are scaled down together, in proportion, so that none
+        // outranks a tool the rescorer judged (whose probabilities may sit on another scale)
+        // and they keep their order among themselves.
+        let floor = chosen
+            .iter()
+            .filter_map(|n| second.yes_no(n).ok().map(|a| a.probability()))
+            .fold(f64::INFINITY, f64::min);
+        let ceiling = ranked
+            .iter()
+            .skip(self.top_k)
+            .map(|(_, p)| *p)
+            .fold(0.0, f64::max);
+        let scale = if ceiling > 0.0 && floor.is_finite() && ceiling >= floor {
+            // Strictly below the floor, so that ties never put an outsider first.
+            floor / ceiling * (1.0 - 1e-6)
+        } else {
+            1.0
+        };
         for name in questions.keys() {
-            let answer = second
-                .answers()
-                .get(name)
-                .or_else(|| first.answers().get(name))
-                .ok_or_else(|| DecisionError::model(format!("no answer for question '{name}'")))?;
-            response = response.answer(name.clone(), answer.clone());
+            if let Some(answer) = second.answers().get(name) {
+                response = response.answer(name.clone(), answer.clone());
+                continue;
+            }
+            let p = first
+                .yes_no(name)
+                .map_err(|e| DecisionError::model(format!("shortlist: {e}")))?
+                .probability();
+            response = response.answer(name.clone(), YesNoAnswer::new(p * scale)?);
         }
         response.build()
     }
@@ -174,6 +198,26 @@ mod tests {
         let order: Vec<&String> = response.answers().keys().collect();
         assert_eq!(order.first().map(|s| s.as_str()), Some("tool0"));
         assert_eq!(shortlist.requests().len(), 1);
+    }
+
+    #[test]
+    fn outsiders_stay_below_the_rescored_shortlist_and_keep_their_order() {
+        // The rescorer is far less generous than the shortlist: without scaling, tool6 (0.06)
+        // would outrank every rescored tool (0.01 to 0.03).
+        let shortlist = Arc::new(MockDecisionModel::answers_yes_no(|q| index(q) / 100.0));
+        let rescorer = Arc::new(MockDecisionModel::answers_yes_no(|q| {
+            (index(q) - 6.0) / 100.0
+        }));
+        let cascade = Cascade::new(shortlist, rescorer, 3).unwrap();
+        let response = cascade.decide(&request(10)).unwrap();
+        let p = |i: usize| response.yes_no(&format!("tool{i}")).unwrap().probability();
+        assert_eq!((p(7), p(8), p(9)), (0.01, 0.02, 0.03));
+        assert!(p(6) < p(7), "{} vs {}", p(6), p(7));
+        for i in 1..6 {
+            assert!(p(i) < p(i + 1) && p(i) > 0.0, "tool{i}");
+        }
+        // Scaled in proportion: tool3 is half of tool6.
+        assert!((p(3) - p(6) / 2.0).abs() < 1e-12);
     }
 
     #[test]
