@@ -2,10 +2,15 @@
 //!
 //! Everything that can be wrong with the data (unreadable or empty files, unknown tools,
 //! duplicate ids, cases shared by the training and evaluation files) is reported before the
-//! model loads. After each epoch the weights are written to a scratch folder next to `--out`,
-//! calibrated (Platt, on `--eval` when given, else on the training cases), measured on `--eval`
-//! with `decide eval`'s own code, and moved into `--out` when they are the best so far: `--out`
-//! always holds a complete, loadable model, also after Ctrl-C.
+//! model loads. The files are streamed, never held whole: the check keeps a hash per case, and
+//! the rendered cases go to a spool file that training reads back a batch at a time.
+//!
+//! After each epoch the weights are written to a scratch folder next to `--out`, calibrated
+//! (Platt, on `--eval` when given, else on the training cases), measured on `--eval` with
+//! `decide eval`'s own code, and moved into `--out` when they are the best so far: `--out`
+//! always holds a complete, loadable model, also after Ctrl-C. A cross-encoder (`--head
+//! cross-encoder`) is calibrated and measured as it is used: reranking the base model's
+//! `--rerank-top` shortlist.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;

@@ -1,8 +1,8 @@
 //! # decide-train
 //!
-//! Fine-tunes a decide bi-encoder on labelled cases (which tools a conversation needed), on the
-//! CPU or a GPU, without Python, and writes a model folder that `--model DIR` loads like any
-//! other.
+//! Fine-tunes a decide bi-encoder, or a cross-encoder on the same trunk, on labelled cases
+//! (which tools a conversation needed), on the CPU or a GPU, without Python, and writes a model
+//! folder that `--model DIR` (or `--rerank DIR` for a cross-encoder) loads like any other.
 //!
 //! ## Design
 //!
@@ -16,6 +16,15 @@
 //!   tool of the batch plus one hard negative per pair, drawn from the tools the current model
 //!   ranks highest among those the case did not need (re-mined at the start of every epoch).
 //!   A tool that the query also needs is masked out rather than counted as a negative.
+//! * **Cross-encoder** ([`TrainHead::CrossEncoder`]): the same trunk reads (conversation,
+//!   tool) pairs with token types, BERT's pooler (dense + tanh on the first token) and a
+//!   one-logit classifier on top, initialised when the base has none. Binary cross-entropy:
+//!   each needed tool against one of the case's hard negatives and one random unneeded tool.
+//!   Hard negatives are mined once, with the base's embeddings: the shortlist it will rerank.
+//!   Pairs are trimmed exactly as the engine trims them.
+//! * **Memory**: the cases are read through [`ExampleSource`]; [`ExampleSpool`] writes them
+//!   to a scratch file as the data is read and reads a batch's back by offset, so a run keeps
+//!   an offset, its pairs and its hard-negative pool per case in memory, not the texts.
 //! * **Optimiser**: AdamW, linear warm-up then linear decay to zero, gradients clipped by their
 //!   global norm.
 //! * **Determinism**: shuffles, hard-negative draws and dropout masks come from one seeded
