@@ -127,7 +127,29 @@ impl Batch {
             token_mask: token_mask.unsqueeze(2)?.to_dtype(dtype)?,
         })
     }
+
+    /// Rows `start..start + len` of the batch.
+    fn narrow(&self, start: usize, len: usize) -> candle_core::Result<Self> {
+        Ok(Self {
+            ids: self.ids.narrow(0, start, len)?,
+            type_ids: self.type_ids.narrow(0, start, len)?,
+            positions: self.positions.narrow(0, start, len)?,
+            attention_bias: self
+                .attention_bias
+                .as_ref()
+                .map(|b| b.narrow(0, start, len))
+                .transpose()?,
+            token_mask: self.token_mask.narrow(0, start, len)?,
+        })
+    }
 }
+
+/// Tokens the fused CPU path runs through the layers at a time. A larger batch is cut into
+/// chunks of about this many tokens: the activations of a chunk (1,024 × 1,536 floats in a
+/// MiniLM's FFN) stay in cache from one op to the next, and a pass over 128 × 128 tokens ran at
+/// 57 sequences/s whole against 78 in chunks of 8 here. Rows are independent, so the result is
+/// the same.
+const CPU_CHUNK_TOKENS: usize = 1024;
 
 enum Embeddings {
     Stock(StockEmbeddings),
@@ -416,7 +438,21 @@ impl Model {
     }
 
     /// Runs a batch: logits (B, labels) for a classifier, vectors (B, hidden) for an embedder.
+    /// On the fused CPU path a large batch runs in chunks of about [`CPU_CHUNK_TOKENS`].
     pub fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        let (b, l) = batch.ids.dims2()?;
+        let chunk = (CPU_CHUNK_TOKENS / l.max(1)).max(1);
+        if matches!(self.path, CpuPath::Fused(_)) && b > chunk {
+            let outputs = (0..b)
+                .step_by(chunk)
+                .map(|start| self.forward_whole(&batch.narrow(start, chunk.min(b - start))?))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            return Tensor::cat(&outputs, 0);
+        }
+        self.forward_whole(batch)
+    }
+
+    fn forward_whole(&self, batch: &Batch) -> candle_core::Result<Tensor> {
         let mut x = self.embeddings.forward(batch)?;
         for layer in &self.layers {
             x = layer.forward(&x, batch.attention_bias.as_ref())?;

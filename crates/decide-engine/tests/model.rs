@@ -72,6 +72,39 @@ fn batched_scores_equal_one_by_one_scores() {
 }
 
 #[test]
+fn a_forward_pass_cut_into_cache_sized_chunks_equals_the_single_rows() {
+    // One forward pass of 150 padded rows is over the CPU path's chunk of 1,024 tokens, so it
+    // runs in several chunks; each row must come out as it does alone.
+    for model in ["all-MiniLM-L6-v2", "tiny-xlmr-1"] {
+        let spec = if model == "tiny-xlmr-1" {
+            fixtures().join(model).to_str().unwrap().to_string()
+        } else {
+            model.to_string()
+        };
+        let engine = Engine::builder()
+            .model(&spec)
+            .cache_capacity(0)
+            .max_batch_tokens(1 << 20)
+            .build()
+            .unwrap();
+        let candidates: Vec<String> = (0..150)
+            .map(|i| format!("tool {i}: {}", words(i % 13 + 1, "calendar")))
+            .collect();
+        let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
+        let query = "user: put a meeting with Anna in my calendar";
+        let batched = engine.score(query, &refs).unwrap().raw;
+        for (i, c) in refs.iter().enumerate().step_by(7) {
+            let single = engine.score(query, &[c]).unwrap().raw[0];
+            assert!(
+                relative_close(batched[i], single, 1e-5),
+                "{model} {c}: batched {} vs single {single}",
+                batched[i]
+            );
+        }
+    }
+}
+
+#[test]
 fn cross_encoder_batched_equals_single() {
     let engine = Engine::builder()
         .model(fixtures().join("tiny-xlmr-1").to_str().unwrap())
