@@ -151,12 +151,21 @@ fn router_error(error: &ChatModelError) -> &RouterError {
     }
 }
 
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
+thread_local! {
+    /// Where the current thread's warnings go while [`warnings`] runs.
+    static CAPTURED: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
+}
 
-impl Write for Logs {
+/// Writes into the current thread's capture, if one is open.
+struct ThreadLogs;
+
+impl Write for ThreadLogs {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        CAPTURED.with(|c| {
+            if let Some(v) = c.borrow_mut().as_mut() {
+                v.extend_from_slice(buf);
+            }
+        });
         Ok(buf.len())
     }
 
@@ -165,18 +174,22 @@ impl Write for Logs {
     }
 }
 
-/// Runs `f` with a subscriber that records warnings, and returns them.
+/// Runs `f` and returns the warnings it logged on this thread. One global subscriber for the
+/// whole test binary: a scoped one (`with_default`) races with tests on other threads over
+/// tracing's per-callsite interest cache and now and then records nothing.
 fn warnings<T>(f: impl FnOnce() -> T) -> (T, String) {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    (out, text)
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(|| ThreadLogs)
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .try_init();
+    });
+    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let out = f();
+    let bytes = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (out, String::from_utf8(bytes).unwrap())
 }
 
 // ---------------------------------------------------------------------------------------------
