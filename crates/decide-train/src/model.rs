@@ -115,25 +115,20 @@ impl Bert {
                     )));
                 }
             }
-            let mut init = |name: &str, shape: (usize, usize), random: bool| -> Result<()> {
+            let mut init = |name: &str, shape: &[usize], random: bool| -> Result<()> {
                 if !vars.contains_key(name) {
-                    let values: Vec<f32> = (0..shape.0 * shape.1)
+                    let values: Vec<f32> = (0..shape.iter().product())
                         .map(|_| if random { 0.02 * rng.normal() } else { 0.0 })
                         .collect();
                     let t = Tensor::from_vec(values, shape, device)?;
-                    let t = if shape.0 == 1 && name.ends_with(".bias") {
-                        t.squeeze(0)?
-                    } else {
-                        t
-                    };
                     vars.insert(name.to_string(), Var::from_tensor(&t)?);
                 }
                 Ok(())
             };
-            init("pooler.dense.weight", (h, h), true)?;
-            init("pooler.dense.bias", (1, h), false)?;
-            init("classifier.weight", (1, h), true)?;
-            init("classifier.bias", (1, 1), false)?;
+            init("pooler.dense.weight", &[h, h], true)?;
+            init("pooler.dense.bias", &[h], false)?;
+            init("classifier.weight", &[1, h], true)?;
+            init("classifier.bias", &[1], false)?;
         }
         let bert = Self {
             vars,

@@ -222,15 +222,6 @@ impl ExampleSpool {
         self.written += record.len() as u64;
         Ok(())
     }
-
-    fn read_u32(&mut self) -> Result<u32> {
-        let mut b = [0u8; 4];
-        let path = self.path.clone();
-        let r = self.reader.as_mut().expect("reader opened before reading");
-        r.read_exact(&mut b)
-            .map_err(|e| TrainError::bad_file(&path, e))?;
-        Ok(u32::from_le_bytes(b))
-    }
 }
 
 impl ExampleSource for ExampleSpool {
@@ -239,31 +230,38 @@ impl ExampleSource for ExampleSpool {
     }
 
     fn example(&mut self, index: usize) -> Result<Example> {
+        let path = &self.path;
+        let bad = |e: std::io::Error| TrainError::bad_file(path, e);
         if let Some(mut w) = self.writer.take() {
-            w.flush().map_err(|e| TrainError::bad_file(&self.path, e))?;
+            w.flush().map_err(bad)?;
         }
-        if self.reader.is_none() {
-            let f = File::open(&self.path).map_err(|e| TrainError::bad_file(&self.path, e))?;
-            self.reader = Some(f);
-        }
-        let Some(&offset) = self.offsets.get(index) else {
+        let Some(&start) = self.offsets.get(index) else {
             return Err(TrainError::BadData(format!("no example {index}")));
         };
-        let path = self.path.clone();
-        let r = self.reader.as_mut().expect("opened above");
-        r.seek(SeekFrom::Start(offset))
-            .map_err(|e| TrainError::bad_file(&path, e))?;
-        let n = self.read_u32()? as usize;
-        let positives = (0..n)
-            .map(|_| self.read_u32().map(|p| p as usize))
-            .collect::<Result<Vec<_>>>()?;
-        let len = self.read_u32()? as usize;
-        let mut bytes = vec![0u8; len];
-        let r = self.reader.as_mut().expect("opened above");
-        r.read_exact(&mut bytes)
-            .map_err(|e| TrainError::bad_file(&path, e))?;
-        let query = String::from_utf8(bytes)
-            .map_err(|_| TrainError::bad_file(&path, "corrupt spool (not UTF-8)"))?;
+        let end = self.offsets.get(index + 1).copied().unwrap_or(self.written);
+        let reader = match &mut self.reader {
+            Some(r) => r,
+            slot => slot.insert(File::open(path).map_err(bad)?),
+        };
+        // The whole record in one read, then parsed from memory.
+        let mut record = vec![0u8; (end - start) as usize];
+        reader.seek(SeekFrom::Start(start)).map_err(bad)?;
+        reader.read_exact(&mut record).map_err(bad)?;
+        let corrupt = || TrainError::bad_file(path, "corrupt spool");
+        let mut words = record.chunks_exact(4);
+        let mut next = || -> Result<usize> {
+            let w = words.next().ok_or_else(corrupt)?;
+            Ok(u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as usize)
+        };
+        let n = next()?;
+        let positives = (0..n).map(|_| next()).collect::<Result<Vec<_>>>()?;
+        let len = next()?;
+        let text = record
+            .get(4 * (n + 2)..)
+            .filter(|t| t.len() == len)
+            .ok_or_else(corrupt)?;
+        let query = String::from_utf8(text.to_vec())
+            .map_err(|_| TrainError::bad_file(path, "corrupt spool (not UTF-8)"))?;
         Ok(Example { query, positives })
     }
 }
