@@ -7,7 +7,8 @@ use decide_contract::{DecisionError, DecisionModel, DecisionRequest};
 use decide_engine::{Bm25Model, Calibration, Cascade, Engine, BM25_MODEL_NAME};
 
 /// The neural engine, the lexical baseline, or a cascade of two, behind one interface for the
-/// commands.
+/// commands. Cloning shares the loaded models.
+#[derive(Clone)]
 pub enum Decider {
     Engine(Engine),
     Bm25(Bm25Model),

@@ -362,6 +362,12 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     ) {
         bar.set_style(style.progress_chars("=> "));
     }
+    // A cross-encoder is calibrated and measured on the base's shortlist, as --rerank uses it;
+    // loaded once, so its tool embeddings stay cached from one epoch to the next.
+    let shortlister = match head {
+        TrainHead::CrossEncoder => Some(with_model(base_spec.clone()).decider(false)?),
+        TrainHead::BiEncoder => None,
+    };
     let scratch = args.out.with_extension("partial");
     let _ = std::fs::remove_dir_all(&scratch);
     let mut best: Option<(usize, f64)> = None;
@@ -406,11 +412,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         trainer.save(&scratch, &meta)?;
         let scratch_spec = scratch.display().to_string();
         let uncalibrated = with_model(scratch_spec.clone()).decider(true)?;
-        // A cross-encoder is calibrated and measured on the base's shortlist, as --rerank uses it.
-        let base = match head {
-            TrainHead::CrossEncoder => Some(with_model(base_spec.clone()).decider(false)?),
-            TrainHead::BiEncoder => None,
-        };
+        let base = shortlister.clone();
         let shortlisted = base.as_ref().map(|b| (b, shortlist_k));
         let held_out = args.eval.as_deref().unwrap_or(&args.data);
         let (scores, labels) = raw_scores(
