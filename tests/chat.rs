@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+
+use common::root;
 
 /// Serves `replies` (chat completion bodies) in order on loopback and records the request bodies.
 fn scripted_llm(replies: Vec<Value>) -> (String, Arc<Mutex<Vec<Value>>>) {

@@ -1,61 +1,11 @@
 //! End-to-end tests of the `decide` binary with the real default model (fetched by
 //! `models/fetch`): what a user types and what comes back, bad input included.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
-fn decide(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_decide"))
-        .args(args)
-        .current_dir(root())
-        .env_remove("DECIDE_MODEL")
-        .output()
-        .expect("run decide")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A bad input: exit code 2 and exactly one line on stderr, which must contain `needle`.
-fn assert_one_line_error(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(err.starts_with("error: "), "{err}");
-    assert!(err.contains(needle), "{err:?} does not contain {needle:?}");
-    assert!(!err.contains("panicked"), "{err}");
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("decide-cli-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn file(&self, name: &str, contents: impl AsRef<[u8]>) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path.to_str().unwrap().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{assert_one_line_error, decide, root, stderr, stdout, TempDir};
 
 #[test]
 fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {

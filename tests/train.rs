@@ -1,56 +1,11 @@
 //! End-to-end tests of `decide train`: bad data is refused before any training, and a tiny
 //! model trains, is written as a folder, and loads with `--model` for `decide eval`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
-fn decide(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_decide"))
-        .args(args)
-        .current_dir(root())
-        .env_remove("DECIDE_MODEL")
-        .output()
-        .expect("run decide")
-}
-
-fn assert_one_line_error(o: &Output, needle: &str) {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(err.starts_with("error: "), "{err}");
-    assert!(err.contains(needle), "{err:?} does not contain {needle:?}");
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("decide-train-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn file(&self, name: &str, contents: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path.to_str().unwrap().to_string()
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{assert_one_line_error, decide, root, TempDir};
 
 const TOOLS: &str = r#"[
  {"name": "weather", "description": "get the forecast for a city"},
@@ -82,7 +37,7 @@ fn bad_data_is_refused_before_training() {
     let t = TempDir::new("bad");
     let tools = t.file("tools.json", TOOLS);
     let out = t.path("out");
-    let good = t.file("good.jsonl", &case("1", "rain in Paris?", &["weather"]));
+    let good = t.file("good.jsonl", case("1", "rain in Paris?", &["weather"]));
     let run = |data: &str, eval: Option<&str>| {
         let mut args = vec!["train", "--base", "no-such-model-anywhere", "--data", data];
         if let Some(e) = eval {
@@ -91,7 +46,7 @@ fn bad_data_is_refused_before_training() {
         args.extend(["--tools", tools.as_str(), "--out", out.as_str()]);
         decide(&args)
     };
-    let unknown = t.file("unknown.jsonl", &case("1", "hi", &["teleport"]));
+    let unknown = t.file("unknown.jsonl", case("1", "hi", &["teleport"]));
     assert_one_line_error(
         &run(&unknown, None),
         "unknown.jsonl:1: expected[0]: unknown tool \"teleport\"",
@@ -111,7 +66,7 @@ fn bad_data_is_refused_before_training() {
         &run(&unlabelled, None),
         "unlabelled.jsonl:1: expected: missing",
     );
-    let overlap = t.file("overlap.jsonl", &case("1", "other text", &["email"]));
+    let overlap = t.file("overlap.jsonl", case("1", "other text", &["email"]));
     assert_one_line_error(
         &run(&good, Some(&overlap)),
         "overlap.jsonl:1: id: \"1\" is also a training case",
