@@ -1027,6 +1027,11 @@ fn bench_measures_every_cell_and_the_decisions() {
 fn bench_refuses_bad_grids() {
     let o = decide(&["bench", "--seq-lens", "1"]);
     assert_one_line_error(&o, "--seq-lens");
+    let o = decide(&["bench", "--plot", "/no/such/folder/x.png"]);
+    assert_one_line_error(
+        &o,
+        "--plot /no/such/folder/x.png: no such folder /no/such/folder",
+    );
     let o = decide(&["bench", "--seq-lens", "4096", "--no-decisions"]);
     assert_one_line_error(&o, "longer than the model's 256 tokens");
     let o = decide(&["bench", "--kernels", "amx"]);

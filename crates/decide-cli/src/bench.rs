@@ -136,6 +136,15 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         !args.seq_lens.is_empty() && args.seq_lens.iter().all(|&l| l >= 2),
         "--seq-lens: expected numbers of at least 2 (the special tokens), as in 64,128"
     );
+    // Before the measuring, which takes minutes, rather than after it.
+    if let Some(dir) = args.plot.as_deref().and_then(|p| p.parent()) {
+        anyhow::ensure!(
+            dir.as_os_str().is_empty() || dir.is_dir(),
+            "--plot {}: no such folder {}",
+            args.plot.as_deref().unwrap_or(dir).display(),
+            dir.display()
+        );
+    }
     anyhow::ensure!(
         args.decision_tools.iter().all(|&t| t > 0),
         "--decision-tools: expected positive numbers, as in 100,1000 (--no-decisions skips them)"
