@@ -655,6 +655,115 @@ fn eval_needs_labels_and_refuses_bad_input() {
     );
 }
 
+#[test]
+fn eval_seen_in_splits_the_needed_tools_by_the_training_file() {
+    let t = TempDir::new("eval-seen");
+    let data = t.file("cases.jsonl", EVAL_CASES);
+    // "Trained" on one case that needed get_forecast, one that needed nothing, and one without labels.
+    let train = t.file(
+        "train.jsonl",
+        concat!(
+            r#"{"id":"t1","messages":[{"role":"user","content":"will it snow?"}],"expected":["get_forecast"]}"#,
+            "\n",
+            r#"{"id":"t2","messages":[{"role":"user","content":"hello"}],"expected":[]}"#,
+            "\n",
+            r#"{"id":"t3","messages":[{"role":"user","content":"hi"}]}"#,
+            "\n",
+        ),
+    );
+    let args = [
+        "eval",
+        "--data",
+        &data,
+        "--tools",
+        "examples/tools-openai.json",
+        "--seen-in",
+        &train,
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let o = decide(&json_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let s = &v["seen_in"];
+    assert_eq!(s["files"], serde_json::json!([train]), "{v}");
+    assert_eq!(s["tools"], 1, "{v}");
+    // Every needed (case, tool) pair falls in exactly one group.
+    let needed: usize = EVAL_CASES
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let c: serde_json::Value = serde_json::from_str(l).unwrap();
+            c["expected"].as_array().unwrap().len()
+        })
+        .sum();
+    let (seen, unseen) = (
+        s["seen"]["needed"].as_u64().unwrap() as usize,
+        s["unseen"]["needed"].as_u64().unwrap() as usize,
+    );
+    // get_forecast is needed twice (snow, mail); send_email and get_current_time once each.
+    assert_eq!((seen, unseen), (2, 2), "{v}");
+    assert_eq!(seen + unseen, needed, "{v}");
+    for group in ["seen", "unseen"] {
+        for key in ["recall_at_5", "recall_at_10", "mrr"] {
+            let x = s[group][key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{group}.{key}: {v}"));
+            assert!((0.0..=1.0).contains(&x), "{group}.{key} = {x}");
+        }
+        // Five tools: every needed tool is in the top 5.
+        assert_eq!(s[group]["recall_at_5"], 1.0, "{v}");
+    }
+
+    // The table gets the extra rows.
+    let o = decide(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    for row in [
+        "needed (case, tool) pairs split by --seen-in",
+        "(1 tools named there)",
+        "seen: needed (case, tool) pairs",
+        "seen: recall@5",
+        "unseen: recall@10",
+        "unseen: MRR",
+    ] {
+        assert!(table.contains(row), "{row} missing in {table}");
+    }
+}
+
+#[test]
+fn eval_seen_in_names_a_missing_or_broken_file() {
+    let t = TempDir::new("eval-seen-bad");
+    let data = t.file("cases.jsonl", EVAL_CASES);
+    let eval = |seen_in: &str| {
+        decide(&[
+            "eval",
+            "--data",
+            &data,
+            "--tools",
+            "examples/tools-openai.json",
+            "--seen-in",
+            seen_in,
+        ])
+    };
+    let missing = t.path("missing.jsonl");
+    assert_one_line_error(&eval(&missing), &format!("--seen-in: {missing}"));
+    let first = EVAL_CASES.lines().next().unwrap();
+    let broken = t.file("broken.jsonl", format!("{first}\n{{\"id\": \n"));
+    assert_one_line_error(
+        &eval(&broken),
+        &format!("--seen-in: {broken}:2: invalid JSON"),
+    );
+    let unknown = t.file(
+        "unknown.jsonl",
+        r#"{"id":"u","messages":[{"role":"user","content":"hi"}],"expected":["no_such_tool"]}"#,
+    );
+    assert_one_line_error(
+        &eval(&unknown),
+        &format!("{unknown}:1: expected[0]: unknown tool \"no_such_tool\""),
+    );
+}
+
 /// `decide eval --cases-out` on a data set's reporting part with `--kernels KERNELS`: the case lines.
 fn eval_cases_out(t: &TempDir, set: &str, kernels: &str) -> Vec<serde_json::Value> {
     let out = t.0.join(format!("{set}-{kernels}.jsonl"));

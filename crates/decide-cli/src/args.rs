@@ -246,6 +246,11 @@ pub struct EvalArgs {
     /// "ranking": [{"tool", "probability"}, ...]}, most probable first.
     #[arg(long, value_name = "FILE.jsonl")]
     pub cases_out: Option<PathBuf>,
+    /// Training cases (same format, read with --tools): also report recall@5/10 and MRR
+    /// separately for the needed tools named in any "expected" there (seen) and the others
+    /// (unseen). Repeat for several files.
+    #[arg(long, value_name = "TRAIN.jsonl")]
+    pub seen_in: Vec<PathBuf>,
     #[command(flatten)]
     pub filter: FilterArgs,
 }

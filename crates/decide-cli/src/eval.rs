@@ -3,16 +3,19 @@
 //! Every case goes through the same filter as `decide select` and `decide score`; the metrics themselves live in
 //! `decide-eval`, where they are tested on hand-computed numbers.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_eval::{evaluate, ranking, Candidate, Report, ScoredCase};
+use decide_eval::{
+    evaluate, ranking, split_by_seen, Candidate, NeededRanks, Report, ScoredCase, SeenSplit,
+};
 use serde_json::{json, Value};
 
-use crate::args::{EvalArgs, FilterArgs, Global};
+use crate::args::{CasesArgs, EvalArgs, FilterArgs, Global};
 use crate::decider::Decider;
 use crate::input::Cases;
 use crate::score::progress;
@@ -25,6 +28,10 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         bail!("--max-results: not used by eval, which measures the selection at --min-probability (see recall@k for the top k)");
     }
     let reader = Cases::open(&args.cases)?;
+    // Read before the model loads, so that a bad file fails at once.
+    let seen = (!args.seen_in.is_empty())
+        .then(|| seen_tools(&args.seen_in, args.cases.tools.as_deref()))
+        .transpose()?;
     // Created before the model loads, so that a bad path fails at once.
     let mut cases_out = args
         .cases_out
@@ -32,7 +39,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         .map(CasesOut::create)
         .transpose()?;
     let engine = global.decider(false)?;
-    let report = evaluate_cases_to(
+    let (report, cases) = evaluate_cases_to(
         &engine,
         reader,
         &args.filter,
@@ -42,11 +49,27 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     if let Some(c) = cases_out {
         c.finish()?;
     }
+    let split = seen
+        .as_ref()
+        .map(|seen| split_by_seen(&cases, seen))
+        .transpose()
+        .with_context(|| args.cases.data.display().to_string())?;
+    let seen_files: Vec<String> = args
+        .seen_in
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut json = serde_json::to_value(&report)?;
         if let Some(map) = json.as_object_mut() {
             map.insert("model".into(), engine.name().into());
+            if let (Some(split), Some(seen)) = (&split, &seen) {
+                map.insert(
+                    "seen_in".into(),
+                    json!({"files": seen_files, "tools": seen.len(), "seen": split.seen, "unseen": split.unseen}),
+                );
+            }
         }
         writeln!(out, "{json}")?;
         return Ok(());
@@ -66,7 +89,36 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     for (metric, value) in table(&report) {
         writeln!(out, "  {metric:<40}{value:>10}")?;
     }
+    if let (Some(split), Some(seen)) = (&split, &seen) {
+        writeln!(
+            out,
+            "needed (case, tool) pairs split by --seen-in {} ({} tools named there):",
+            seen_files.join(", "),
+            seen.len()
+        )?;
+        for (metric, value) in seen_table(split) {
+            writeln!(out, "  {metric:<40}{value:>10}")?;
+        }
+    }
     Ok(())
+}
+
+/// `--seen-in`: the tool names in any `expected` of the files, each read as `eval` reads its `--data` (with the
+/// same `--tools`), so a bad file is named with its line. A line without `expected` names no tool.
+fn seen_tools(files: &[PathBuf], tools: Option<&Path>) -> anyhow::Result<HashSet<String>> {
+    let mut seen = HashSet::new();
+    for file in files {
+        let reader = Cases::open(&CasesArgs {
+            data: file.clone(),
+            tools: tools.map(Path::to_path_buf),
+        })
+        .context("--seen-in")?;
+        for next in reader {
+            let (_, case) = next.context("--seen-in")?;
+            seen.extend(case.expected.into_iter().flatten());
+        }
+    }
+    Ok(seen)
 }
 
 /// Runs every case of `reader` through the filter over `engine` and measures the selection:
@@ -77,17 +129,18 @@ pub fn evaluate_cases(
     filter: &FilterArgs,
     data: &Path,
 ) -> anyhow::Result<Report> {
-    evaluate_cases_to(engine, reader, filter, data, None)
+    Ok(evaluate_cases_to(engine, reader, filter, data, None)?.0)
 }
 
-/// [`evaluate_cases`], also writing each case's ranking to `cases_out` (`--cases-out`) when given.
+/// [`evaluate_cases`], also writing each case's ranking to `cases_out` (`--cases-out`) when given, and returning
+/// the scored cases with the report.
 fn evaluate_cases_to(
     engine: &Decider,
     reader: Cases,
     filter: &FilterArgs,
     data: &Path,
     mut cases_out: Option<&mut CasesOut>,
-) -> anyhow::Result<Report> {
+) -> anyhow::Result<(Report, Vec<ScoredCase>)> {
     let bar = progress(reader.total, "evaluating");
     let mut cases = Vec::new();
     for next in reader {
@@ -133,7 +186,9 @@ fn evaluate_cases_to(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    evaluate(&cases, filter.min_probability).with_context(|| data.display().to_string())
+    let report =
+        evaluate(&cases, filter.min_probability).with_context(|| data.display().to_string())?;
+    Ok((report, cases))
 }
 
 /// `--cases-out`: one JSON line per case, `{"id", "expected", "ranking": [{"tool", "probability"}, ...]}`, the
@@ -209,4 +264,23 @@ fn table(r: &Report) -> Vec<(String, String)> {
                 .map_or_else(|| "n/a".to_string(), |v| format!("{v:.1}")),
         ),
     ]
+}
+
+/// `--seen-in`'s rows: each group's needed pairs, recall@5/10 and MRR over them ("n/a" for an empty group).
+fn seen_table(split: &SeenSplit) -> Vec<(String, String)> {
+    let ratio = |v: Option<f64>| v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}"));
+    let group = |label: &str, g: &NeededRanks| {
+        vec![
+            (
+                format!("{label}: needed (case, tool) pairs"),
+                g.needed.to_string(),
+            ),
+            (format!("{label}: recall@5"), ratio(g.recall_at_5)),
+            (format!("{label}: recall@10"), ratio(g.recall_at_10)),
+            (format!("{label}: MRR (every needed tool)"), ratio(g.mrr)),
+        ]
+    };
+    let mut rows = group("seen", &split.seen);
+    rows.extend(group("unseen", &split.unseen));
+    rows
 }

@@ -53,6 +53,20 @@
 //! * **Pairs per second**: the total of `pairs` over all cases divided by the total of the case latencies in
 //!   seconds; `None` when the total latency is zero.
 //!
+//! # Seen and unseen tools
+//!
+//! After fine-tuning, the question is how much of a gain comes from tools the training data named. [`split_by_seen`]
+//! takes the names of the tools seen in training and splits the needed (case, tool) pairs of the evaluated cases
+//! into *seen* (the tool is among those names) and *unseen*; for each group, over its needed pairs (each pair
+//! counts once, so these are micro-averages, unlike the per-case means above):
+//!
+//! * **needed**: the number of needed (case, tool) pairs in the group.
+//! * **recall@k** (k = 5, 10): the share of those pairs whose tool ranks among the first k of its case.
+//! * **MRR**: the mean of 1 / rank of each pair's tool in its case (every needed tool counts, not only the
+//!   best-ranked one of a case).
+//!
+//! A group without needed pairs has `None` for its recall and MRR.
+//!
 //! # Example
 //!
 //! ```
@@ -459,5 +473,86 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
         latency_p95_ms: nearest_rank(&latencies, 95),
         // pairs / (ms / 1000), multiplied out so that round figures stay exact.
         pairs_per_second: (total_ms > 0.0).then(|| pairs_total as f64 * 1000.0 / total_ms),
+    })
+}
+
+/// How the needed tools of one group of (case, tool) pairs rank in their cases; see
+/// [Seen and unseen tools](crate#seen-and-unseen-tools). A metric of an empty group is `None`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NeededRanks {
+    /// The needed (case, tool) pairs in the group.
+    pub needed: usize,
+    /// Share of those pairs whose tool ranks among the first 5 of its case.
+    pub recall_at_5: Option<f64>,
+    /// Share of those pairs whose tool ranks among the first 10 of its case.
+    pub recall_at_10: Option<f64>,
+    /// Mean of 1 / rank of each pair's tool.
+    pub mrr: Option<f64>,
+}
+
+/// The needed (case, tool) pairs split by whether the tool was seen in training: what [`split_by_seen`] returns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeenSplit {
+    /// The pairs whose tool is among the seen names.
+    pub seen: NeededRanks,
+    /// The pairs whose tool is not.
+    pub unseen: NeededRanks,
+}
+
+/// Running sums of one group: pairs, hits at 5 and 10, reciprocal ranks.
+#[derive(Default)]
+struct RankSums {
+    needed: usize,
+    at_5: usize,
+    at_10: usize,
+    reciprocal: f64,
+}
+
+impl RankSums {
+    fn add(&mut self, rank: usize) {
+        self.needed += 1;
+        self.at_5 += usize::from(rank <= 5);
+        self.at_10 += usize::from(rank <= 10);
+        self.reciprocal += 1.0 / rank as f64;
+    }
+
+    fn finish(&self) -> NeededRanks {
+        NeededRanks {
+            needed: self.needed,
+            recall_at_5: share(self.at_5 as f64, self.needed),
+            recall_at_10: share(self.at_10 as f64, self.needed),
+            mrr: share(self.reciprocal, self.needed),
+        }
+    }
+}
+
+/// Splits the needed (case, tool) pairs of `cases` into those whose tool is in `seen` (named in the training data)
+/// and the rest, and measures how each group ranks; see [Seen and unseen tools](crate#seen-and-unseen-tools).
+///
+/// Cases rank as in [`evaluate`]. Fails on a case that fails [`ScoredCase::check`]; no cases, or no needed tools,
+/// give two empty groups.
+pub fn split_by_seen(cases: &[ScoredCase], seen: &HashSet<String>) -> Result<SeenSplit, EvalError> {
+    let (mut in_seen, mut in_unseen) = (RankSums::default(), RankSums::default());
+    for (index, case) in cases.iter().enumerate() {
+        case.check()
+            .map_err(|error| EvalError::Case { index, error })?;
+        if case.expected.is_empty() {
+            continue;
+        }
+        for (position, &i) in ranking(&case.candidates).iter().enumerate() {
+            let name = &case.candidates[i].name;
+            if case.is_expected(name) {
+                let group = if seen.contains(name) {
+                    &mut in_seen
+                } else {
+                    &mut in_unseen
+                };
+                group.add(position + 1);
+            }
+        }
+    }
+    Ok(SeenSplit {
+        seen: in_seen.finish(),
+        unseen: in_unseen.finish(),
     })
 }

@@ -1,6 +1,8 @@
 //! Every metric on a tiny example computed by hand, and the edge cases where a metric has nothing to average.
 
-use crate::{evaluate, ranking, Candidate, CaseError, EvalError, ScoredCase};
+use std::collections::HashSet;
+
+use crate::{evaluate, ranking, split_by_seen, Candidate, CaseError, EvalError, ScoredCase};
 
 fn case(
     expected: &[&str],
@@ -385,4 +387,53 @@ fn reliability_bins_by_hand() {
     // ECE = (2·0.025 + 2·0.025 + 0) / 5 = 0.02.
     assert!((r.ece - 0.02).abs() < 1e-12, "{}", r.ece);
     assert_eq!(crate::Reliability::new([]).ece, 0.0);
+}
+
+fn names(names: &[&str]) -> HashSet<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+#[test]
+fn seen_and_unseen_tools_by_hand() {
+    // The example's needed tools rank: A b 2, B x 1, C t3 4, t5 6, t11 12. Seen in training: b, t3, t11 (and `q`,
+    // which no case needs).
+    let split = split_by_seen(&example(), &names(&["b", "t3", "t11", "q"])).unwrap();
+    // Seen: ranks 2, 4, 12 → @5 2/3, @10 2/3, MRR (1/2 + 1/4 + 1/12)/3 = 5/18.
+    assert_eq!(split.seen.needed, 3);
+    close_some(split.seen.recall_at_5, 2.0 / 3.0);
+    close_some(split.seen.recall_at_10, 2.0 / 3.0);
+    close_some(split.seen.mrr, 5.0 / 18.0);
+    // Unseen: ranks 1, 6 → @5 1/2, @10 1, MRR (1 + 1/6)/2 = 7/12.
+    assert_eq!(split.unseen.needed, 2);
+    close_some(split.unseen.recall_at_5, 0.5);
+    close_some(split.unseen.recall_at_10, 1.0);
+    close_some(split.unseen.mrr, 7.0 / 12.0);
+}
+
+#[test]
+fn an_empty_group_is_none_and_the_groups_add_up() {
+    let split = split_by_seen(&example(), &HashSet::new()).unwrap();
+    assert_eq!(split.seen.needed, 0);
+    assert_eq!(split.seen.recall_at_5, None);
+    assert_eq!(split.seen.recall_at_10, None);
+    assert_eq!(split.seen.mrr, None);
+    // Every needed pair is unseen: ranks 2, 1, 4, 6, 12 → @5 3/5, @10 4/5.
+    assert_eq!(split.unseen.needed, 5);
+    close_some(split.unseen.recall_at_5, 0.6);
+    close_some(split.unseen.recall_at_10, 0.8);
+    let json = serde_json::to_value(&split).unwrap();
+    assert!(json["seen"]["recall_at_5"].is_null(), "{json}");
+    assert_eq!(json["unseen"]["needed"], 5, "{json}");
+    // No cases: two empty groups, not an error.
+    let none = split_by_seen(&[], &names(&["b"])).unwrap();
+    assert_eq!((none.seen.needed, none.unseen.needed), (0, 0));
+    // A bad case is refused as `evaluate` refuses it.
+    let bad = [case(&["nope"], &[("a", 0.5)], 1.0, 1)];
+    assert_eq!(
+        split_by_seen(&bad, &names(&["a"])),
+        Err(EvalError::Case {
+            index: 0,
+            error: CaseError::UnknownExpected("nope".into())
+        })
+    );
 }
