@@ -1,6 +1,8 @@
 //! The engine as a [`DecisionModel`]: questions become (input, document) pairs, one batched
 //! scoring call answers them all.
 
+use std::collections::HashMap;
+
 use decide_contract::{
     Answer, ChoiceAnswer, DecisionError, DecisionFuture, DecisionRequest,
     DecisionRequestParameters, DecisionResponse, Question, ScaleAnswer, TokenUsage, YesNoAnswer,
@@ -27,13 +29,17 @@ pub(crate) enum Plan {
     Options(Vec<usize>),
 }
 
-pub(crate) struct Documents(pub(crate) Vec<String>);
+#[derive(Default)]
+pub(crate) struct Documents(pub(crate) Vec<String>, HashMap<String, usize>);
 
 impl Documents {
+    // Indexed by text rather than searched: a catalogue of 1,000 tools would cost half a
+    // million string comparisons a decision.
     fn add(&mut self, text: String) -> usize {
-        match self.0.iter().position(|d| *d == text) {
-            Some(i) => i,
+        match self.1.get(&text) {
+            Some(&i) => i,
             None => {
+                self.1.insert(text.clone(), self.0.len());
                 self.0.push(text);
                 self.0.len() - 1
             }
@@ -42,7 +48,7 @@ impl Documents {
 }
 
 pub(crate) fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
-    let mut docs = Documents(Vec::new());
+    let mut docs = Documents::default();
     let mut plans = Vec::new();
     for question in request.questions().values() {
         plans.push(match question {
@@ -186,8 +192,11 @@ impl Engine {
         if weight == 0.0 || docs.is_empty() {
             return;
         }
-        let coverage =
-            crate::lexical::Bm25Index::new(docs).coverage(&crate::lexical::query_text(input));
+        let coverage = self
+            .inner
+            .lexical
+            .get(docs)
+            .coverage(&crate::lexical::query_text(input));
         for (s, c) in raw.iter_mut().zip(coverage) {
             *s += weight * c;
         }

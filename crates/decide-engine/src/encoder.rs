@@ -127,19 +127,48 @@ impl Batch {
             token_mask: token_mask.unsqueeze(2)?.to_dtype(dtype)?,
         })
     }
+}
 
-    /// Rows `start..start + len` of the batch.
-    fn narrow(&self, start: usize, len: usize) -> candle_core::Result<Self> {
+/// Rows packed back to back with no padding, for the fused CPU path: token ids, type ids and
+/// positions (1, T), and where each row's tokens begin and how many there are.
+pub(crate) struct Packed {
+    ids: Tensor,
+    type_ids: Tensor,
+    positions: Tensor,
+    segments: Vec<(usize, usize)>,
+}
+
+impl Packed {
+    /// Packs `rows` (token ids and type ids); every row keeps its own positions.
+    pub fn new(
+        rows: &[(&[u32], &[u32])],
+        config: &EncoderConfig,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let t: usize = rows.iter().map(|r| r.0.len()).sum();
+        let pad = config.pad_token_id;
+        let mut ids = Vec::with_capacity(t);
+        let mut types = Vec::with_capacity(t);
+        let mut positions = Vec::with_capacity(t);
+        let mut segments = Vec::with_capacity(rows.len());
+        for (row_ids, row_types) in rows {
+            let n = row_ids.len();
+            if n == 0 || row_types.len() != n {
+                candle_core::bail!("a packed row needs tokens, with one type id each");
+            }
+            segments.push((ids.len(), n));
+            ids.extend_from_slice(row_ids);
+            types.extend_from_slice(row_types);
+            match config.family {
+                Family::Bert => positions.extend(0..n as u32),
+                Family::Roberta => positions.extend((0..n as u32).map(|i| pad + 1 + i)),
+            }
+        }
         Ok(Self {
-            ids: self.ids.narrow(0, start, len)?,
-            type_ids: self.type_ids.narrow(0, start, len)?,
-            positions: self.positions.narrow(0, start, len)?,
-            attention_bias: self
-                .attention_bias
-                .as_ref()
-                .map(|b| b.narrow(0, start, len))
-                .transpose()?,
-            token_mask: self.token_mask.narrow(0, start, len)?,
+            ids: Tensor::from_vec(ids, (1, t), device)?,
+            type_ids: Tensor::from_vec(types, (1, t), device)?,
+            positions: Tensor::from_vec(positions, (1, t), device)?,
+            segments,
         })
     }
 }
@@ -149,7 +178,7 @@ impl Batch {
 /// MiniLM's FFN) stay in cache from one op to the next, and a pass over 128 × 128 tokens ran at
 /// 57 sequences/s whole against 78 in chunks of 8 here. Rows are independent, so the result is
 /// the same.
-const CPU_CHUNK_TOKENS: usize = 1024;
+pub(crate) const CPU_CHUNK_TOKENS: usize = 1024;
 
 enum Embeddings {
     Stock(StockEmbeddings),
@@ -275,7 +304,23 @@ impl FusedLayer {
             Some(bias) => qkv.apply_op2_no_bwd(&bias.contiguous()?, &self.attention)?,
             None => qkv.apply_op1_no_bwd(&self.attention)?,
         };
-        let x = ctx.apply_op2_no_bwd(&x, &self.attn_out)?;
+        self.feed_forward(&ctx, &x)
+    }
+
+    /// The layer over packed rows: the same ops, with attention kept within each segment.
+    fn forward_packed(
+        &self,
+        x: &Tensor,
+        segments: &[(usize, usize)],
+    ) -> candle_core::Result<Tensor> {
+        let x = x.contiguous()?;
+        let qkv = x.apply_op1_no_bwd(&self.qkv)?;
+        let ctx = qkv.apply_op1_no_bwd(&self.attention.packed(segments))?;
+        self.feed_forward(&ctx, &x)
+    }
+
+    fn feed_forward(&self, ctx: &Tensor, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x = ctx.apply_op2_no_bwd(x, &self.attn_out)?;
         let up = x.apply_op1_no_bwd(&self.up)?;
         up.apply_op2_no_bwd(&x, &self.down)
     }
@@ -437,18 +482,9 @@ impl Model {
         }
     }
 
-    /// Runs a batch: logits (B, labels) for a classifier, vectors (B, hidden) for an embedder.
-    /// On the fused CPU path a large batch runs in chunks of about [`CPU_CHUNK_TOKENS`].
+    /// Runs a padded batch: logits (B, labels) for a classifier, vectors (B, hidden) for an
+    /// embedder. The path for candle's own ops (any device); the fused CPU path packs instead.
     pub fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
-        let (b, l) = batch.ids.dims2()?;
-        let chunk = (CPU_CHUNK_TOKENS / l.max(1)).max(1);
-        if matches!(self.path, CpuPath::Fused(_)) && b > chunk {
-            let outputs = (0..b)
-                .step_by(chunk)
-                .map(|start| self.forward_whole(&batch.narrow(start, chunk.min(b - start))?))
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            return Tensor::cat(&outputs, 0);
-        }
         self.forward_whole(batch)
     }
 
@@ -457,23 +493,75 @@ impl Model {
         for layer in &self.layers {
             x = layer.forward(&x, batch.attention_bias.as_ref())?;
         }
+        self.head(
+            || x.narrow(1, 0, 1)?.squeeze(1),
+            || {
+                let summed = x.broadcast_mul(&batch.token_mask)?.sum(1)?;
+                let counts = batch.token_mask.sum(1)?;
+                summed.broadcast_div(&counts)
+            },
+        )
+    }
+
+    /// Whether [`forward_packed`](Self::forward_packed) can run: only the fused CPU kernels
+    /// have an attention over packed rows.
+    pub fn packs(&self) -> bool {
+        matches!(self.path, CpuPath::Fused(_))
+            && matches!(self.embeddings, Embeddings::Fused(_))
+            && self.layers.iter().all(|l| matches!(l, Layer::Fused(_)))
+    }
+
+    /// Runs packed rows: the same outputs as [`forward`](Self::forward) of the rows padded into
+    /// a batch, without computing a single padding token. Fused CPU path only.
+    pub fn forward_packed(&self, packed: &Packed) -> candle_core::Result<Tensor> {
+        let Embeddings::Fused(embeddings) = &self.embeddings else {
+            candle_core::bail!("packed rows need the fused CPU kernels");
+        };
+        let mut x = packed
+            .ids
+            .apply_op3_no_bwd(&packed.type_ids, &packed.positions, embeddings)?;
+        for layer in &self.layers {
+            let Layer::Fused(layer) = layer else {
+                candle_core::bail!("packed rows need the fused CPU kernels");
+            };
+            x = layer.forward_packed(&x, &packed.segments)?;
+        }
+        let x = x.squeeze(0)?;
+        let segments = &packed.segments;
+        self.head(
+            || {
+                let firsts: Vec<u32> = segments.iter().map(|&(s, _)| s as u32).collect();
+                let firsts = Tensor::from_vec(firsts, segments.len(), x.device())?;
+                x.index_select(&firsts, 0)
+            },
+            || {
+                let means = segments
+                    .iter()
+                    .map(|&(s, n)| x.narrow(0, s, n)?.mean_keepdim(0))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Tensor::cat(&means, 0)
+            },
+        )
+    }
+
+    /// The head over the batch's first tokens or mean token states (each (B, hidden)),
+    /// computed only if the head needs them.
+    fn head(
+        &self,
+        first: impl FnOnce() -> candle_core::Result<Tensor>,
+        mean: impl FnOnce() -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
         match &self.head {
             Head::BertClassifier { pooler, classifier } => {
-                let first = x.narrow(1, 0, 1)?.squeeze(1)?;
-                classifier.forward(&pooler.forward(&first)?.tanh()?)
+                classifier.forward(&pooler.forward(&first()?)?.tanh()?)
             }
             Head::RobertaClassifier { dense, out_proj } => {
-                let first = x.narrow(1, 0, 1)?.squeeze(1)?;
-                out_proj.forward(&dense.forward(&first)?.tanh()?)
+                out_proj.forward(&dense.forward(&first()?)?.tanh()?)
             }
             Head::Embedding { pooling, normalize } => {
                 let pooled = match pooling {
-                    Pooling::Cls => x.narrow(1, 0, 1)?.squeeze(1)?,
-                    Pooling::Mean => {
-                        let summed = x.broadcast_mul(&batch.token_mask)?.sum(1)?;
-                        let counts = batch.token_mask.sum(1)?;
-                        summed.broadcast_div(&counts)?
-                    }
+                    Pooling::Cls => first()?,
+                    Pooling::Mean => mean()?,
                 };
                 if *normalize {
                     let norm = pooled.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;

@@ -840,8 +840,7 @@ impl FusedAttention {
         layout: &Layout,
         mask: Option<&[f32]>,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (heads, d) = (self.heads, self.head_dim);
-        let hidden = heads * d;
+        let hidden = self.heads * self.head_dim;
         let (b, l) = match layout.dims() {
             &[b, l, w] if w == 3 * hidden => (b, l),
             dims => candle_core::bail!(
@@ -854,57 +853,132 @@ impl FusedAttention {
                 candle_core::bail!("fused attention: mask of {} values for {b}×{l}", m.len());
             }
         }
-        let lp = round_up(l.max(1), W);
-        let dp = round_up(d.max(1), W);
-        let isa = self.isa;
-        // Keys transposed and values padded, per (sequence, head), in parallel.
-        let mut kt = vec![0f32; b * heads * d * lp];
-        let mut v = vec![0f32; b * heads * l * dp];
-        if l > 0 && d > 0 {
-            kt.par_chunks_mut(d * lp)
-                .zip(v.par_chunks_mut(l * dp))
-                .enumerate()
-                .for_each(|(bh, (kt, v))| {
-                    let (seq, h) = (bh / heads, bh % heads);
-                    let task = PackTask {
-                        rows: &qkv[seq * l * 3 * hidden..(seq + 1) * l * 3 * hidden],
-                        stride: 3 * hidden,
-                        k_offset: hidden + h * d,
-                        v_offset: 2 * hidden + h * d,
-                        l,
-                        lp,
-                        d,
-                        dp,
-                    };
-                    dispatch!(isa, pack_head(&task, kt, v));
-                });
-        }
-        let mut out = vec![0f32; b * l * hidden];
-        let scale = 1.0 / (d as f32).sqrt();
-        if l > 0 && hidden > 0 {
-            out.par_chunks_mut(l * hidden)
-                .enumerate()
-                .for_each(|(seq, out)| {
-                    let task = AttentionTask {
-                        qkv: &qkv[seq * l * 3 * hidden..(seq + 1) * l * 3 * hidden],
-                        kt: &kt[seq * heads * d * lp..(seq + 1) * heads * d * lp],
-                        v: &v[seq * heads * l * dp..(seq + 1) * heads * l * dp],
-                        mask: mask.map(|m| &m[seq * l..(seq + 1) * l]),
-                        heads,
-                        l,
-                        lp,
-                        d,
-                        dp,
-                        scale,
-                    };
-                    out.par_chunks_mut(ROWS_PER_TASK * hidden)
-                        .enumerate()
-                        .for_each(|(block, out)| {
-                            dispatch!(isa, attention_rows(&task, block * ROWS_PER_TASK, out))
-                        });
-                });
-        }
+        let segments: Vec<(usize, usize)> = (0..b).map(|i| (i * l, l)).collect();
+        let out = self.run_segments(qkv, &segments, mask)?;
         Ok((CpuStorage::F32(out), Shape::from((b, l, hidden))))
+    }
+
+    /// Attention within each segment `(first row, rows)` of the QKV rows, which lie back to
+    /// back: the segments are the sequences, and no row attends outside its own. The mask,
+    /// when given, holds one additive value per row. Rows outside every segment stay zero.
+    fn run_segments(
+        &self,
+        qkv: &[f32],
+        segments: &[(usize, usize)],
+        mask: Option<&[f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        let (heads, d) = (self.heads, self.head_dim);
+        let hidden = heads * d;
+        let rows = qkv.len() / (3 * hidden).max(1);
+        let mut end = 0;
+        for &(start, len) in segments {
+            if start < end || start + len > rows {
+                candle_core::bail!(
+                    "fused attention: segment {start}..{} outside or overlapping the {rows} rows",
+                    start + len
+                );
+            }
+            end = start + len;
+        }
+        let isa = self.isa;
+        let dp = round_up(d.max(1), W);
+        let scale = 1.0 / (d as f32).sqrt();
+        // Each sequence's output rows, split off in order so that sequences run in parallel.
+        let mut out = vec![0f32; rows * hidden];
+        let mut parts = Vec::with_capacity(segments.len());
+        let mut rest: &mut [f32] = &mut out;
+        let mut at = 0;
+        for &(start, len) in segments {
+            let (_, tail) = rest.split_at_mut((start - at) * hidden);
+            let (part, tail) = tail.split_at_mut(len * hidden);
+            parts.push(part);
+            rest = tail;
+            at = start + len;
+        }
+        segments
+            .par_iter()
+            .zip(parts)
+            .for_each(|(&(start, l), out)| {
+                if l == 0 || d == 0 {
+                    return;
+                }
+                let lp = round_up(l, W);
+                let rows = &qkv[start * 3 * hidden..(start + l) * 3 * hidden];
+                // Keys transposed and values padded, per head, in parallel.
+                let mut kt = vec![0f32; heads * d * lp];
+                let mut v = vec![0f32; heads * l * dp];
+                kt.par_chunks_mut(d * lp)
+                    .zip(v.par_chunks_mut(l * dp))
+                    .enumerate()
+                    .for_each(|(h, (kt, v))| {
+                        let task = PackTask {
+                            rows,
+                            stride: 3 * hidden,
+                            k_offset: hidden + h * d,
+                            v_offset: 2 * hidden + h * d,
+                            l,
+                            lp,
+                            d,
+                            dp,
+                        };
+                        dispatch!(isa, pack_head(&task, kt, v));
+                    });
+                let task = AttentionTask {
+                    qkv: rows,
+                    kt: &kt,
+                    v: &v,
+                    mask: mask.map(|m| &m[start..start + l]),
+                    heads,
+                    l,
+                    lp,
+                    d,
+                    dp,
+                    scale,
+                };
+                out.par_chunks_mut(ROWS_PER_TASK * hidden)
+                    .enumerate()
+                    .for_each(|(block, out)| {
+                        dispatch!(isa, attention_rows(&task, block * ROWS_PER_TASK, out))
+                    });
+            });
+        Ok(out)
+    }
+
+    /// This attention over packed sequences: see [`PackedAttention`].
+    pub(crate) fn packed<'a>(&'a self, segments: &'a [(usize, usize)]) -> PackedAttention<'a> {
+        PackedAttention {
+            attention: self,
+            segments,
+        }
+    }
+}
+
+/// [`FusedAttention`] over a packed batch: the sequences lie back to back in one (1, T, 3·hidden)
+/// QKV tensor with no padding, and `segments` says where each begins and how long it is. A
+/// batch of a 150-token conversation and its 15-token last message costs 165 rows instead of
+/// 300, and no GEMM of the layer sees a padding row.
+pub(crate) struct PackedAttention<'a> {
+    attention: &'a FusedAttention,
+    segments: &'a [(usize, usize)],
+}
+
+impl CustomOp1 for PackedAttention<'_> {
+    fn name(&self) -> &'static str {
+        "decide-fused-attention-packed"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let qkv = contiguous_f32(s, l, "fused attention qkv")?;
+        let hidden = self.attention.heads * self.attention.head_dim;
+        let t = match l.dims() {
+            &[1, t, w] if w == 3 * hidden => t,
+            dims => candle_core::bail!(
+                "packed attention: qkv {dims:?}, expected (1, T, {})",
+                3 * hidden
+            ),
+        };
+        let out = self.attention.run_segments(qkv, self.segments, None)?;
+        Ok((CpuStorage::F32(out), Shape::from((1, t, hidden))))
     }
 }
 
@@ -1217,6 +1291,39 @@ mod tests {
                 let want = stock_attention(&qkv, Some(&mask), heads, d);
                 let err = max_err(&qkv.apply_op2_no_bwd(&mask, &op).unwrap(), &want);
                 assert!(err < 1e-5, "{isa:?} masked b{b} l{l} h{heads} d{d}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn packed_attention_equals_each_sequence_alone() {
+        for isa in levels() {
+            for (heads, d) in [(1, 3), (2, 8), (12, 32)] {
+                let op = FusedAttention::new(heads, d, isa);
+                // Lengths around the kernels' blocks, one of a single row.
+                let lengths = [5usize, 1, 17, 40, 16];
+                let seqs: Vec<Tensor> = lengths
+                    .iter()
+                    .map(|&l| (randn(&[1, l, 3 * heads * d]) * 2.0).unwrap())
+                    .collect();
+                let packed = Tensor::cat(&seqs, 1).unwrap();
+                let mut segments = Vec::new();
+                let mut at = 0;
+                for &l in &lengths {
+                    segments.push((at, l));
+                    at += l;
+                }
+                let out = packed.apply_op1_no_bwd(&op.packed(&segments)).unwrap();
+                for (seq, &(start, l)) in seqs.iter().zip(&segments) {
+                    let alone = seq.apply_op1_no_bwd(&op).unwrap();
+                    let err = max_err(&out.narrow(1, start, l).unwrap(), &alone);
+                    assert!(err < 1e-6, "{isa:?} h{heads} d{d} l{l}: {err}");
+                }
+                // Overlapping or out-of-range segments are errors, never out-of-bounds reads.
+                for bad in [vec![(0, 5), (4, 2)], vec![(at - 1, 2)]] {
+                    let err = packed.apply_op1_no_bwd(&op.packed(&bad)).unwrap_err();
+                    assert!(err.to_string().contains("segment"), "{err}");
+                }
             }
         }
     }

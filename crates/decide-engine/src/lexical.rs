@@ -172,6 +172,44 @@ impl Bm25Index {
     }
 }
 
+/// The BM25 indexes of the last few catalogues, so that an agent sending the same tools on
+/// every call indexes them once: indexing 1,000 descriptions costs milliseconds, comparing them
+/// with the cached ones microseconds. Entries are matched on the whole text of every document,
+/// never on a hash, so a different catalogue can never reuse another's statistics.
+#[derive(Debug, Default)]
+pub(crate) struct RecentIndexes {
+    entries: std::sync::Mutex<std::collections::VecDeque<(Vec<String>, std::sync::Arc<Bm25Index>)>>,
+}
+
+impl RecentIndexes {
+    /// How many catalogues are kept (a process typically filters with one or two).
+    const CAPACITY: usize = 4;
+
+    /// The index of `documents`, from the cache or built (and cached) now.
+    pub(crate) fn get(&self, documents: &[&str]) -> std::sync::Arc<Bm25Index> {
+        let same = |cached: &[String]| {
+            cached.len() == documents.len() && cached.iter().zip(documents).all(|(a, b)| a == b)
+        };
+        {
+            let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, index)) = entries.iter().find(|(docs, _)| same(docs)) {
+                return index.clone();
+            }
+        }
+        // Built outside the lock: two threads may both build it, and both results are equal.
+        let index = std::sync::Arc::new(Bm25Index::new(documents));
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if !entries.iter().any(|(docs, _)| same(docs)) {
+            if entries.len() >= Self::CAPACITY {
+                entries.pop_front();
+            }
+            let owned = documents.iter().map(|d| (*d).to_string()).collect();
+            entries.push_back((owned, index.clone()));
+        }
+        index
+    }
+}
+
 /// The text BM25 reads of an input: the last user message when the input is a conversation
 /// (earlier turns add words of tools already used), else the whole rendered input.
 pub(crate) fn query_text(input: &decide_contract::DecisionInput) -> String {

@@ -130,8 +130,9 @@ impl Engine {
         // Candidates not in the cache go through the model with the query; a text repeated
         // within the request is embedded once.
         let mut missing: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (c, v) in candidates.iter().zip(&cached) {
-            if v.is_none() && !missing.iter().any(|m| m == c) {
+            if v.is_none() && seen.insert(*c) {
                 missing.push((*c).to_string());
             }
         }

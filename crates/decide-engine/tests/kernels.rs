@@ -18,7 +18,8 @@ fn load(model: &str, kernels: CpuKernels) -> Engine {
     Engine::builder()
         .model(model)
         .cpu_kernels(kernels)
-        // Several batches of different lengths, so padding and the mask are exercised.
+        // Several batches of different lengths: the stock path pads them and masks the
+        // padding, the fused path packs them; both must agree.
         .max_batch_tokens(64)
         .cache_capacity(0)
         .allow_uncalibrated(true)

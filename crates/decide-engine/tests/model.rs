@@ -73,8 +73,9 @@ fn batched_scores_equal_one_by_one_scores() {
 
 #[test]
 fn a_forward_pass_cut_into_cache_sized_chunks_equals_the_single_rows() {
-    // One forward pass of 150 padded rows is over the CPU path's chunk of 1,024 tokens, so it
-    // runs in several chunks; each row must come out as it does alone.
+    // 150 rows are more than the CPU path's pass of 1,024 tokens, so they run packed into
+    // several passes (and padded into batches on the stock path); each row must come out as
+    // it does alone.
     for model in ["all-MiniLM-L6-v2", "tiny-xlmr-1"] {
         let spec = if model == "tiny-xlmr-1" {
             fixtures().join(model).to_str().unwrap().to_string()
