@@ -10,7 +10,8 @@ round's median) with the spread over rounds, and the ratios decide / peer; then 
 decision latency (10 messages, 100 and 1000 cached tools).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benches/compare.py [--rounds 3] [--batches 1,8,32] \\
-        [--tokens 64,128,256] [--decide target/release/decide] [--out target/compare.json]
+        [--tokens 64,128,256] [--catalogue TOOLS.json] [--decide target/release/decide] \\
+        [--out target/compare.json]
 
 Needs `cargo build --release -p decide-cli`, `models/fetch` and the Python environment of
 crates/decide-engine/fixtures/requirements.txt. All raw results go to ``--out`` as JSON.
@@ -38,7 +39,8 @@ def run_decide(args, kernels: str, decisions: bool) -> dict:
     cmd = [args.decide, "bench", "--json", "--no-progress", "--kernels", kernels,
            "--batch-sizes", args.batches, "--seq-lens", args.tokens,
            "--reps", str(args.reps), "--min-time-s", str(args.min_time_s),
-           *(["--decision-tools", "100,1000"] if decisions else ["--no-decisions"])]
+           *(["--decision-tools", "100,1000"] if decisions else ["--no-decisions"]),
+           *(["--catalogue", args.catalogue] if args.catalogue else [])]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)
@@ -48,7 +50,8 @@ def run_peer(args) -> list[dict]:
     cmd = [sys.executable, str(ROOT / "benches" / "peer_sentence_transformers.py"),
            str(ROOT / "models" / "all-MiniLM-L6-v2"), "--threads", str(args.threads),
            "--batches", args.batches, "--tokens", args.tokens, "--budget-s", str(args.peer_budget_s),
-           "--min-reps", str(args.reps)]
+           "--min-reps", str(args.reps),
+           *(["--catalogue", args.catalogue] if args.catalogue else [])]
     out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
@@ -69,6 +72,8 @@ def main() -> None:
     ap.add_argument("--min-time-s", type=float, default=0.5, help="decide: seconds per cell")
     ap.add_argument("--peer-budget-s", type=float, default=40.0, help="peer: seconds per round")
     ap.add_argument("--no-stock", action="store_true", help="skip candle's stock ops")
+    ap.add_argument("--catalogue", help="also time scoring this tool catalogue from scratch "
+                    "(mixed lengths), e.g. crates/decide-eval/data/livemcpbench/catalogue.json")
     ap.add_argument("--decide", default=str(ROOT / "target" / "release" / "decide"))
     ap.add_argument("--out", default=str(ROOT / "target" / "compare.json"))
     args = ap.parse_args()
@@ -117,6 +122,27 @@ def main() -> None:
             cells = [f"{med(v):.1f}{spread(v)}" if v else "-" for v in (f, s, t32, t16)]
             ratios = [f"{med(f) / med(v):.2f}x" if v and f else "-" for v in (s, t32, t16)]
             print(f"| {batch} | {tokens} | " + " | ".join(cells + ratios) + " |")
+    if args.catalogue:
+        def texts_per_s(kind: str) -> list[float]:
+            return [run["catalogue"]["texts_per_s"] for run in runs[kind] if run.get("catalogue")]
+
+        def peer_texts(dtype: str) -> list[float]:
+            return [row["texts_per_s"] for run in runs["peer"] for row in run
+                    if row.get("catalogue") and row["dtype"] == dtype]
+
+        f, s_, t32, t16 = (texts_per_s("fused"), texts_per_s("stock"), peer_texts("float32"),
+                           peer_texts("bfloat16"))
+        n = runs["fused"][0]["catalogue"]["texts"]
+        print()
+        print(f"Catalogue {args.catalogue} ({n} tools, mixed lengths, from scratch), tools/s:")
+        print()
+        print("| decide fused | candle stock | torch f32 | torch bf16 "
+              "| fused / stock | fused / torch f32 | fused / torch bf16 |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        med = lambda v: statistics.median(v) if v else None  # noqa: E731
+        cells = [f"{med(v):.1f}{spread(v)}" if v else "-" for v in (f, s_, t32, t16)]
+        ratios = [f"{med(f) / med(v):.2f}x" if v and f else "-" for v in (s_, t32, t16)]
+        print("| " + " | ".join(cells + ratios) + " |")
     print()
     print("| decision | tools | median ms | p95 ms |")
     print("|---|---:|---:|---:|")

@@ -1133,6 +1133,51 @@ fn bench_measures_every_cell_and_the_decisions() {
 }
 
 #[test]
+fn bench_times_a_real_catalogue() {
+    let args = |kernels: &str, catalogue: &str| {
+        decide(&[
+            "--kernels",
+            kernels,
+            "bench",
+            "--batch-sizes",
+            "1",
+            "--seq-lens",
+            "8",
+            "--no-decisions",
+            "--catalogue",
+            catalogue,
+            "--reps",
+            "2",
+            "--min-time-s",
+            "0",
+            "--json",
+            "--no-progress",
+        ])
+    };
+    let tools: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("examples/tools.json")).unwrap())
+            .unwrap();
+    let want = tools["tools"].as_array().unwrap().len() as u64;
+    // Both the packed (fused) and the padded (stock) path.
+    for kernels in ["auto", "stock"] {
+        let o = args(kernels, "examples/tools.json");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let c = &v["catalogue"];
+        assert_eq!(c["texts"].as_u64(), Some(want), "{v}");
+        // Each text is at least a name and the two special tokens.
+        assert!(c["tokens"].as_u64().unwrap() >= 3 * want, "{c}");
+        let median = c["median_ms"].as_f64().unwrap();
+        let per_s = c["texts_per_s"].as_f64().unwrap();
+        assert!(
+            (per_s - want as f64 / (median / 1e3)).abs() <= 1e-6 * per_s,
+            "{c}"
+        );
+    }
+    assert_one_line_error(&args("auto", "no/such/tools.json"), "no/such/tools.json");
+}
+
+#[test]
 fn bench_refuses_bad_grids() {
     let o = decide(&["bench", "--seq-lens", "1"]);
     assert_one_line_error(&o, "--seq-lens");

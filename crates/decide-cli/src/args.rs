@@ -292,6 +292,11 @@ pub struct BenchArgs {
     /// Skip the decision-latency runs.
     #[arg(long)]
     pub no_decisions: bool,
+    /// Also time scoring every tool of this catalogue from scratch (`name: description`, as
+    /// decisions read them; embeddings for a bi-encoder, pairs with one request for a
+    /// cross-encoder): real texts of mixed lengths, as a filter's first call meets them.
+    #[arg(long, value_name = "TOOLS.json")]
+    pub catalogue: Option<PathBuf>,
     /// Also draw throughput (pairs/s) against batch size, a line per sequence length, into
     /// this PNG.
     #[arg(long, value_name = "FILE.png")]

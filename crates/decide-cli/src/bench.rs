@@ -8,6 +8,8 @@
 //! its share of the device's matmul rate measured at the start. Decision latency: a 10-message
 //! conversation against N tools through the engine's `DecisionModel`, after one call that
 //! fills the candidate-embedding cache (a bi-encoder then embeds only the conversation).
+//! With `--catalogue`, the time to score a real tool catalogue from scratch: texts of mixed
+//! lengths, where padding (or its absence) shows.
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +46,20 @@ struct Decision {
 }
 
 #[derive(Serialize)]
+struct CatalogueRun {
+    file: String,
+    texts: usize,
+    /// Tokens of all texts, special tokens included (before any trimming to the model's length).
+    tokens: usize,
+    reps: usize,
+    median_ms: f64,
+    p95_ms: f64,
+    min_ms: f64,
+    texts_per_s: f64,
+    tokens_per_s: f64,
+}
+
+#[derive(Serialize)]
 struct Report {
     model: String,
     device: String,
@@ -52,6 +68,8 @@ struct Report {
     threads: usize,
     matmul_peak_gflops: f64,
     cells: Vec<Cell>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    catalogue: Option<CatalogueRun>,
     decisions: Vec<Decision>,
 }
 
@@ -158,6 +176,19 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         args.reps > 0 && args.max_reps >= args.reps,
         "--reps must be at least 1 and at most --max-reps"
     );
+    // Read before the model loads and the measuring starts: a bad file fails at once.
+    let catalogue_texts = match &args.catalogue {
+        Some(path) => {
+            let texts: Vec<String> = crate::input::read_tools(path)?
+                .iter()
+                .map(|t| {
+                    decide_engine::candidate_text(&t.name, t.description.as_deref().unwrap_or(""))
+                })
+                .collect();
+            Some((path.clone(), texts))
+        }
+        None => None,
+    };
     let longest = args.batch_sizes.iter().max().copied().unwrap_or(1)
         * args.seq_lens.iter().max().copied().unwrap_or(1);
     let engine = Engine::builder()
@@ -188,7 +219,9 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
     let progress = if args.no_progress {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new((cells_total + decision_tools.len()) as u64)
+        ProgressBar::new(
+            (cells_total + decision_tools.len() + usize::from(catalogue_texts.is_some())) as u64,
+        )
     };
     progress.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
@@ -216,6 +249,16 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
             progress.inc(1);
         }
     }
+
+    let catalogue = match &catalogue_texts {
+        Some((path, texts)) => {
+            progress.set_message(format!("the {} tools of {}", texts.len(), path.display()));
+            let run = time_catalogue(&engine, &args, path, texts)?;
+            progress.inc(1);
+            Some(run)
+        }
+        None => None,
+    };
 
     let mut decisions = Vec::new();
     let input = conversation(10);
@@ -246,6 +289,7 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         threads,
         matmul_peak_gflops: peak,
         cells,
+        catalogue,
         decisions,
     };
     if let Some(path) = &args.plot {
@@ -276,6 +320,48 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Times scoring every text of a catalogue with nothing cached: embeddings for a bi-encoder,
+/// (request, tool) pairs for a cross-encoder.
+fn time_catalogue(
+    engine: &Engine,
+    args: &BenchArgs,
+    path: &std::path::Path,
+    texts: &[String],
+) -> anyhow::Result<CatalogueRun> {
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let query = "what is the weather in Lisbon this weekend";
+    let cross = engine.info().head == decide_engine::HeadName::CrossEncoder;
+    let mut tokens = 0;
+    for t in &refs {
+        tokens += if cross {
+            engine.pair_token_ids(query, t)?.len()
+        } else {
+            engine.count_tokens(t)? + 2
+        };
+    }
+    let times = time_calls(args, || {
+        if cross {
+            let pairs: Vec<(&str, &str)> = refs.iter().map(|t| (query, *t)).collect();
+            engine.classify_pairs(&pairs)?;
+        } else {
+            engine.embed(&refs)?;
+        }
+        Ok(())
+    })?;
+    let median = median_ms(&times);
+    Ok(CatalogueRun {
+        file: path.display().to_string(),
+        texts: texts.len(),
+        tokens,
+        reps: times.len(),
+        median_ms: median,
+        p95_ms: quantile_ms(&times, 0.95),
+        min_ms: times[0] * 1e3,
+        texts_per_s: texts.len() as f64 / (median / 1e3),
+        tokens_per_s: tokens as f64 / (median / 1e3),
+    })
+}
+
 fn print_table(r: &Report) {
     println!(
         "{} on {} ({}, kernels {}, {} threads); measured matmul peak {:.0} GFLOP/s",
@@ -297,6 +383,14 @@ fn print_table(r: &Report) {
             c.tokens_per_s,
             c.gflops,
             c.peak_share * 100.0
+        );
+    }
+    if let Some(c) = &r.catalogue {
+        println!();
+        println!(
+            "catalogue {}: {} tools, {} tokens; median {:.1} ms (p95 {:.1}, {} reps): \
+             {:.0} tools/s, {:.0} tokens/s",
+            c.file, c.texts, c.tokens, c.median_ms, c.p95_ms, c.reps, c.texts_per_s, c.tokens_per_s
         );
     }
     if !r.decisions.is_empty() {
