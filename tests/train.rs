@@ -75,6 +75,30 @@ fn bad_data_is_refused_before_training() {
     assert_one_line_error(&run(&good, None), "no-such-model-anywhere");
 }
 
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn training_on_a_gpu_this_build_lacks_is_a_one_line_error() {
+    let t = TempDir::new("cuda");
+    let tools = t.file("tools.json", TOOLS);
+    let data = t.file("data.jsonl", case("1", "rain in Paris?", &["weather"]));
+    let out = t.path("out");
+    let o = decide(&[
+        "--device",
+        "cuda",
+        "train",
+        "--base",
+        &fixture(),
+        "--data",
+        &data,
+        "--tools",
+        &tools,
+        "--out",
+        &out,
+    ]);
+    assert_one_line_error(&o, "this build has no cuda backend");
+    assert!(!Path::new(&out).exists(), "nothing written");
+}
+
 #[test]
 fn a_tiny_model_trains_and_loads_with_model() {
     let t = TempDir::new("tiny");

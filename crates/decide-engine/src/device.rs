@@ -69,9 +69,20 @@ impl DeviceSpec {
             device: self.to_string(),
             message: first_line(&e.to_string()),
         };
+        let not_built = |feature: &str, how: &str| EngineError::Device {
+            device: self.to_string(),
+            message: format!(
+                "this build has no {feature} backend: build with `--features {feature}`{how}"
+            ),
+        };
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(_) if !cfg!(feature = "cuda") => Err(not_built(
+                "cuda",
+                " (scripts/build-cuda does it with CUDA from PyPI)",
+            )),
             DeviceSpec::Cuda(n) => Device::new_cuda(n).map_err(fail),
+            DeviceSpec::Metal if !cfg!(feature = "metal") => Err(not_built("metal", " on macOS")),
             DeviceSpec::Metal => Device::new_metal(0).map_err(fail),
             DeviceSpec::Auto => {
                 if candle_core::utils::cuda_is_available() {
@@ -227,6 +238,13 @@ mod tests {
     fn a_backend_that_is_not_compiled_in_is_an_error() {
         let err = DeviceSpec::Cuda(0).open().unwrap_err().to_string();
         assert!(err.starts_with("device 'cuda:0': "), "{err}");
+        if !cfg!(feature = "cuda") {
+            assert!(err.contains("build with `--features cuda`"), "{err}");
+        }
+        if !cfg!(feature = "metal") {
+            let err = DeviceSpec::Metal.open().unwrap_err().to_string();
+            assert!(err.contains("build with `--features metal`"), "{err}");
+        }
     }
 
     #[test]
