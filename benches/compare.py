@@ -76,11 +76,16 @@ def main() -> None:
                     "(mixed lengths), e.g. crates/decide-eval/data/livemcpbench/catalogue.json")
     ap.add_argument("--decide", default=str(ROOT / "target" / "release" / "decide"))
     ap.add_argument("--out", default=str(ROOT / "target" / "compare.json"))
+    ap.add_argument("--from-json", help="print the tables of an earlier run's --out file "
+                    "(with the same --batches, --tokens and --catalogue) instead of measuring")
     args = ap.parse_args()
 
     runs = {"fused": [], "stock": [], "peer": []}
     kinds = ["fused", "peer"] + ([] if args.no_stock else ["stock"])
     started = time.time()
+    if args.from_json:
+        runs = json.loads(Path(args.from_json).read_text())
+        args.rounds = 0
     for r in range(args.rounds):
         order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
         for kind in order:
@@ -93,7 +98,8 @@ def main() -> None:
                                              decisions=kind == "fused"))
             log(f"round {r + 1}/{args.rounds} {kind:>5}: {time.time() - t0:6.1f} s "
                 f"(load average before {load:.2f}, after {os.getloadavg()[0]:.2f})")
-    Path(args.out).write_text(json.dumps(runs))
+    if not args.from_json:
+        Path(args.out).write_text(json.dumps(runs))
 
     def ours(kind: str, batch: int, tokens: int) -> list[float]:
         return [c["pairs_per_s"] for run in runs[kind] for c in run["cells"]
@@ -101,7 +107,7 @@ def main() -> None:
 
     def peer(dtype: str, batch: int, tokens: int) -> list[float]:
         return [row["seqs_per_s"] for run in runs["peer"] for row in run
-                if (row["dtype"], row["batch"], row["tokens"]) == (dtype, batch, tokens)]
+                if (row["dtype"], row.get("batch"), row.get("tokens")) == (dtype, batch, tokens)]
 
     first = runs["fused"][0]
     print(f"decide: {first['model']}, kernels {first['kernels']}, {first['threads']} threads, "

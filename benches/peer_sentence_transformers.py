@@ -199,7 +199,7 @@ def main() -> None:
         for batch in [] if args.no_grid else batches:
             cells = []
             for tokens in lengths:
-                r = [x for x in results if (x["dtype"], x["batch"], x["tokens"])
+                r = [x for x in results if (x["dtype"], x.get("batch"), x.get("tokens"))
                      == (dtype_name, batch, tokens)]
                 cells.append(f"{r[0]['seqs_per_s']:>10.1f}" if r else f"{'-':>10}")
             log(f"{dtype_name:>8} {batch:>5} " + " ".join(cells))
