@@ -1,19 +1,4 @@
-//! A cascade: a fast model shortlists, a slow one rescores the shortlist.
-//!
-//! A bi-encoder scores a 1,000-tool catalogue in one forward pass for the conversation (tool
-//! embeddings are cached); a cross-encoder reads every (conversation, tool) pair and is more
-//! accurate, but costs a forward pass per pair. [`Cascade`] gets most of the accuracy at a small
-//! part of the cost: the shortlist model answers every yes/no question of a request, the
-//! `top_k` most probable go to the rescorer, and the rescorer's answers replace the
-//! shortlist's for those. Questions outside the shortlist were less probable than every
-//! shortlisted one by the shortlist's judgement, so they stay below the rescorer's answers:
-//! when the most probable of them would outrank the rescorer's least probable answer, all of
-//! them are scaled down in proportion until it no longer does (their order kept).
-//!
-//! Choice and scale questions, and requests with no more yes/no questions than `top_k`, go to
-//! the rescorer alone: there is nothing to save. Both models are any
-//! [`DecisionModel`](decide_contract::DecisionModel), so the cascade can stack an
-//! [`Engine`](crate::Engine), [`Bm25Model`](crate::Bm25Model) or a remote model.
+//! A cascade: a fast model shortlists, a slow one rescores the shortlist; see [`Cascade`].
 
 use std::sync::Arc;
 
@@ -25,7 +10,22 @@ use decide_contract::{
 /// How many questions the rescorer sees by default.
 pub const DEFAULT_TOP_K: usize = 20;
 
-/// See the [module documentation](self).
+/// A cascade: a fast model shortlists, a slow one rescores the shortlist.
+///
+/// A bi-encoder scores a 1,000-tool catalogue in one forward pass for the conversation (tool
+/// embeddings are cached); a cross-encoder reads every (conversation, tool) pair and is more
+/// accurate, but costs a forward pass per pair. [`Cascade`] gets most of the accuracy at a small
+/// part of the cost: the shortlist model answers every yes/no question of a request, the
+/// `top_k` most probable go to the rescorer, and the rescorer's answers replace the
+/// shortlist's for those. Questions outside the shortlist were less probable than every
+/// shortlisted one by the shortlist's judgement, so they stay below the rescorer's answers:
+/// when the most probable of them would outrank the rescorer's least probable answer, all of
+/// them are scaled down in proportion until it no longer does (their order kept).
+///
+/// Choice and scale questions, and requests with no more yes/no questions than `top_k`, go to
+/// the rescorer alone: there is nothing to save. Both models are any
+/// [`DecisionModel`](decide_contract::DecisionModel), so the cascade can stack an
+/// [`Engine`](crate::Engine), [`Bm25Model`](crate::Bm25Model) or a remote model.
 #[derive(Clone)]
 pub struct Cascade {
     shortlist: Arc<dyn DecisionModel>,

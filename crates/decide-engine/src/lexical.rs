@@ -4,7 +4,7 @@
 //! path, `kubectl`, a product name, a tool whose name the user types. BM25 rewards exactly those
 //! (rare terms weigh most), so it serves twice:
 //!
-//! * alone, as [`Bm25Model`]: a [`DecisionModel`](decide_contract::DecisionModel) that needs no
+//! * alone, as [`Bm25Model`]: a [`DecisionModel`] that needs no
 //!   model files at all, the baseline every learned model must beat;
 //! * fused with the embedder ("hybrid scoring"): the engine adds `lexical_weight · coverage` to
 //!   each cosine before calibration (see [`Engine`](crate::Engine)).

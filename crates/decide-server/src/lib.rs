@@ -38,7 +38,7 @@
 //! * Admission: at most `max_concurrent_requests` decisions in flight; past that, `503` with
 //!   `Retry-After` at once, never an unbounded pile-up.
 //! * A body larger than `max_body_bytes` gets `413`; questions per request and options per
-//!   question are bounded ([`Limits`](decide_http::Limits)).
+//!   question are bounded ([`Limits`]).
 //! * Each request has a deadline (`504` past it); a request whose client gave up is dropped
 //!   from the queue before it costs a forward pass.
 //! * Every malformed body gets a `400` naming the field, in the error shape of the format it

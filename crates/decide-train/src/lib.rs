@@ -6,7 +6,7 @@
 //!
 //! ## Design
 //!
-//! * **A differentiable BERT** ([`model`](crate::model)): the engine's inference path uses
+//! * **A differentiable BERT** (module `model`): the engine's inference path uses
 //!   fused LayerNorm / softmax ops (and its own CPU kernels) that have no backward, so stock
 //!   candle BERT gets no gradients. Training runs its own forward from basic ops over
 //!   [`candle_core::Var`]s loaded from the base model's safetensors, with real dropout; the
