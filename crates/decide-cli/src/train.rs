@@ -412,8 +412,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         trainer.save(&scratch, &meta)?;
         let scratch_spec = scratch.display().to_string();
         let uncalibrated = with_model(scratch_spec.clone()).decider(true)?;
-        let base = shortlister.clone();
-        let shortlisted = base.as_ref().map(|b| (b, shortlist_k));
+        let shortlisted = shortlister.as_ref().map(|b| (b, shortlist_k));
         let held_out = args.eval.as_deref().unwrap_or(&args.data);
         let (scores, labels) = raw_scores(
             &uncalibrated,
@@ -434,7 +433,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         );
         let keep = if let Some(path) = &args.eval {
             let trained = with_model(scratch_spec).decider(false)?;
-            let model = match base {
+            let model = match shortlister.clone() {
                 Some(base) => Decider::cascade(base, trained, shortlist_k)?,
                 None => trained,
             };

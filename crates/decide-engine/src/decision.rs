@@ -1,8 +1,7 @@
 //! The engine as a [`DecisionModel`]: questions become (input, document) pairs, one batched
 //! scoring call answers them all.
 
-use std::collections::HashMap;
-
+use decide_contract::indexmap::IndexSet;
 use decide_contract::{
     Answer, ChoiceAnswer, DecisionError, DecisionFuture, DecisionRequest,
     DecisionRequestParameters, DecisionResponse, Question, ScaleAnswer, TokenUsage, YesNoAnswer,
@@ -29,21 +28,20 @@ pub(crate) enum Plan {
     Options(Vec<usize>),
 }
 
+/// The request's distinct documents, in first-seen order; a question refers to them by index.
 #[derive(Default)]
-pub(crate) struct Documents(pub(crate) Vec<String>, HashMap<String, usize>);
+pub(crate) struct Documents(IndexSet<String>);
 
 impl Documents {
-    // Indexed by text rather than searched: a catalogue of 1,000 tools would cost half a
-    // million string comparisons a decision.
+    // A set rather than a searched list: a catalogue of 1,000 tools would cost half a million
+    // string comparisons a decision.
     fn add(&mut self, text: String) -> usize {
-        match self.1.get(&text) {
-            Some(&i) => i,
-            None => {
-                self.1.insert(text.clone(), self.0.len());
-                self.0.push(text);
-                self.0.len() - 1
-            }
-        }
+        self.0.insert_full(text).0
+    }
+
+    /// The documents as text, in index order.
+    pub(crate) fn refs(&self) -> Vec<&str> {
+        self.0.iter().map(String::as_str).collect()
     }
 }
 
@@ -211,7 +209,7 @@ impl Engine {
         request: &DecisionRequest,
     ) -> Result<Vec<(String, f64)>, DecisionError> {
         let (docs, plans) = plan(request);
-        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
+        let refs = docs.refs();
         let mut scores = self
             .score_input(request.input(), &refs)
             .map_err(DecisionError::from_model_error)?;
@@ -250,7 +248,7 @@ impl Engine {
             .calibration()
             .map_err(DecisionError::from_model_error)?;
         let (docs, plans) = plan(request);
-        let refs: Vec<&str> = docs.0.iter().map(String::as_str).collect();
+        let refs = docs.refs();
         let scores = self
             .stage_input(request.input(), &refs)
             .map_err(DecisionError::from_model_error)?;

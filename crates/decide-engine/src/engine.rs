@@ -576,39 +576,30 @@ impl Engine {
     }
 
     /// Runs rows through the model in token-budgeted, length-sorted batches and returns one
-    /// output vector per row, in the rows' order.
+    /// output vector per row, in the rows' order. The fused CPU path packs each batch's rows
+    /// back to back; every other path pads them.
     pub(crate) fn run<R: std::borrow::Borrow<Row>>(&self, rows: &[R]) -> Result<Vec<Vec<f32>>> {
         let rows: Vec<&Row> = rows.iter().map(|r| r.borrow()).collect();
         let lengths: Vec<usize> = rows.iter().map(|r| r.ids.len()).collect();
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
-        let model = &self.inner.model;
-        if model.packs() {
-            let budget = CPU_CHUNK_TOKENS.min(self.inner.max_batch_tokens);
-            for pack in plan_packs(&lengths, budget) {
-                let slices: Vec<(&[u32], &[u32])> = pack
-                    .iter()
-                    .map(|&i| (rows[i].ids.as_slice(), rows[i].types.as_slice()))
-                    .collect();
-                let input = Packed::new(&slices, &self.inner.config, &self.inner.device)?;
-                let output: Vec<Vec<f32>> = model.forward_packed(&input)?.to_vec2()?;
-                for (&i, v) in pack.iter().zip(output) {
-                    out[i] = v;
-                }
-            }
-            return Ok(out);
-        }
-        for batch in plan_batches(&lengths, self.inner.max_batch_tokens) {
+        let (model, inner) = (&self.inner.model, &self.inner);
+        let packs = model.packs();
+        let plan = if packs {
+            plan_packs(&lengths, CPU_CHUNK_TOKENS.min(inner.max_batch_tokens))
+        } else {
+            plan_batches(&lengths, inner.max_batch_tokens)
+        };
+        for batch in plan {
             let slices: Vec<(&[u32], &[u32])> = batch
                 .iter()
                 .map(|&i| (rows[i].ids.as_slice(), rows[i].types.as_slice()))
                 .collect();
-            let input = Batch::new(
-                &slices,
-                &self.inner.config,
-                &self.inner.device,
-                self.inner.dtype,
-            )?;
-            let output = self.inner.model.forward(&input)?;
+            let output = if packs {
+                model.forward_packed(&Packed::new(&slices, &inner.config, &inner.device)?)?
+            } else {
+                let input = Batch::new(&slices, &inner.config, &inner.device, inner.dtype)?;
+                model.forward(&input)?
+            };
             let output: Vec<Vec<f32>> = output.to_dtype(DType::F32)?.to_vec2()?;
             for (&i, v) in batch.iter().zip(output) {
                 out[i] = v;

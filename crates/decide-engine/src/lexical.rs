@@ -270,7 +270,7 @@ impl Bm25Model {
         request: &DecisionRequest,
     ) -> Result<Vec<(String, f64)>, DecisionError> {
         let (docs, plans) = crate::decision::plan(request);
-        let raw = Bm25Index::new(&docs.0).coverage(&query_text(request.input()));
+        let raw = Bm25Index::new(&docs.refs()).coverage(&query_text(request.input()));
         crate::decision::yes_no_raw(request, &plans, &raw)
     }
 }
@@ -286,7 +286,7 @@ impl DecisionModel for Bm25Model {
         }
         let (docs, plans) = crate::decision::plan(request);
         let query = query_text(request.input());
-        let raw = Bm25Index::new(&docs.0).coverage(&query);
+        let raw = Bm25Index::new(&docs.refs()).coverage(&query);
         crate::decision::respond(
             request,
             &plans,
