@@ -14,8 +14,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use decide_contract::{DecisionInput, DecisionModel, DecisionRequest, YesNoQuestion};
-use decide_engine::Engine;
+use decide_contract::DecisionModel;
+use decide_engine::{synthetic, Engine};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -105,44 +105,6 @@ fn time_calls(
     }
     times.sort_by(f64::total_cmp);
     Ok(times)
-}
-
-fn conversation(messages: usize) -> DecisionInput {
-    let topics = [
-        "book a table for four tomorrow evening",
-        "what is the weather in Lisbon this weekend",
-        "send the quarterly report to Ana and cc the finance team",
-        "find the cheapest flight from Berlin to Porto in March",
-        "summarize the open issues in the decide repository",
-    ];
-    let messages: Vec<serde_json::Value> = (0..messages)
-        .map(|i| {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            let text = format!("{} (message {i})", topics[i % topics.len()]);
-            serde_json::json!({"role": role, "text": text})
-        })
-        .collect();
-    let mut fields = serde_json::Map::new();
-    fields.insert("messages".into(), serde_json::Value::Array(messages));
-    DecisionInput::Fields(fields)
-}
-
-fn decision_request(tools: usize, input: &DecisionInput) -> anyhow::Result<DecisionRequest> {
-    let mut builder = DecisionRequest::builder().input(input.clone());
-    for i in 0..tools {
-        let question = YesNoQuestion::builder("Does the conversation need this tool?")
-            .candidate(
-                format!("tool_{i}"),
-                format!(
-                    "Performs operation {i} of service {} for the user: looks up, creates or \
-                     updates records and returns them",
-                    i % 37
-                ),
-            )
-            .build()?;
-        builder = builder.question(format!("tool{i}"), question);
-    }
-    Ok(builder.build()?)
 }
 
 pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
@@ -261,10 +223,10 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
     };
 
     let mut decisions = Vec::new();
-    let input = conversation(10);
+    let input = synthetic::conversation(10);
     for &tools in &decision_tools {
         progress.set_message(format!("decision over {tools} tools"));
-        let request = decision_request(tools, &input)?;
+        let request = synthetic::tool_request(tools, &input)?;
         let times = time_calls(&args, || {
             engine.decide(&request)?;
             Ok(())
@@ -419,14 +381,5 @@ mod tests {
         assert_eq!(quantile_ms(&t, 0.95), 4.0);
         assert_eq!(quantile_ms(&t[..1], 0.95), 1.0);
         assert_eq!(median_ms(&t[..3]), 2.0);
-    }
-
-    #[test]
-    fn the_conversation_has_the_requested_messages() {
-        let input = conversation(10);
-        assert_eq!(input.render().lines().count(), 10);
-        assert!(input.last_user_text().is_some());
-        let request = decision_request(3, &input).unwrap();
-        assert_eq!(request.questions().len(), 3);
     }
 }

@@ -71,6 +71,7 @@ pub mod lexical;
 mod pull;
 pub mod registry;
 mod staged;
+pub mod synthetic;
 
 pub use batching::plan_batches;
 pub use calibration::{sigmoid, softmax, Calibration};
