@@ -272,3 +272,63 @@ fn chat_options_are_checked_with_a_one_line_error() {
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
+
+/// `@modelcontextprotocol/server-everything` from npm (installed by `.ci/run` into
+/// `target/mcp-servers`), as a `--mcp` command; `None` (the test says it was skipped) when it is
+/// not installed, unless `DECIDE_REQUIRE_MCP` is set.
+fn server_everything() -> Option<String> {
+    let script = root().join(
+        "target/mcp-servers/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+    );
+    if script.exists() {
+        return Some(format!("node {} stdio", script.display()));
+    }
+    let message = format!(
+        "MCP server-everything is not installed at {}",
+        script.display()
+    );
+    assert!(
+        std::env::var_os("DECIDE_REQUIRE_MCP").is_none(),
+        "{message}"
+    );
+    eprintln!("skipped: {message}");
+    None
+}
+
+#[test]
+fn chat_filter_sends_the_sum_tool_of_a_real_mcp_server() {
+    let Some(mcp) = server_everything() else {
+        return;
+    };
+    let (url, requests) = scripted_llm(vec![
+        tool_call("get-sum", r#"{"a": 19, "b": 23}"#),
+        answer("19 plus 23 is 42."),
+    ]);
+    let output = decide_chat(
+        &[
+            "--base-url",
+            &url,
+            "--chat-model",
+            "m",
+            "--mcp",
+            &mcp,
+            "--filter",
+        ],
+        "What is 19 plus 23? Use your tools.\n",
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let requests = requests.lock().unwrap();
+    let first = names(&requests[0]);
+    assert!(
+        first.contains(&"get-sum".to_string()),
+        "{first:?}\n{stdout}"
+    );
+    // The filter passes on a few of the server's 13 tools, not all of them.
+    assert!(first.len() <= 4, "{first:?}");
+    assert!(stdout.contains("-> The sum of 19 and 23 is 42"), "{stdout}");
+}

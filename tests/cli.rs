@@ -561,6 +561,10 @@ fn eval_reports_every_metric_in_range() {
     );
     assert!(p50 > 0.0 && p50 <= p95, "{v}");
     assert!(v["pairs_per_second"].as_f64().unwrap() > 0.0, "{v}");
+    // Selected per case, at 0.5 without --target-recall.
+    let mean = v["mean_selected"].as_f64().unwrap();
+    assert!((0.0..=5.0).contains(&mean), "{v}");
+    assert!(v["target_recall"].is_null(), "{v}");
 
     // The same report as a table for people.
     let o = decide(&args);
@@ -573,6 +577,8 @@ fn eval_reports_every_metric_in_range() {
         "MRR",
         "precision at 0.5",
         "no-tool cases, nothing selected",
+        "tools selected per case at 0.5",
+        "threshold 0.5 (--min-probability)",
         "calibration error",
         "latency p95",
         "pairs per second",
@@ -1013,6 +1019,170 @@ fn calibrate_writes_the_manifest_and_draws_the_reliability_plot() {
         &o,
         "--tools: give one catalogue for all --data or one per --data",
     );
+}
+
+/// `decide select --json --target-recall R` on the shipped conversation with `model`: the names
+/// selected.
+fn selected_at_recall(model: &str, recall: &str) -> Vec<String> {
+    let o = decide(&[
+        "--model",
+        model,
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--messages",
+        "examples/conversation.json",
+        "--target-recall",
+        recall,
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    v["selected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn target_recall_selects_by_the_conformal_table_calibrate_writes() {
+    let t = TempDir::new("target-recall");
+    let model = scratch_model(&t);
+    let select = |extra: &[&str]| {
+        let mut args = vec![
+            "--model",
+            &model,
+            "select",
+            "--tools",
+            "examples/tools.json",
+            "Will it rain in Paris tomorrow?",
+        ];
+        args.extend_from_slice(extra);
+        decide(&args)
+    };
+    // Before calibrating, the copy has no table.
+    let o = select(&["--target-recall", "0.9"]);
+    assert_one_line_error(
+        &o,
+        "--target-recall: model all-MiniLM-L6-v2 has no conformal calibration; run decide calibrate",
+    );
+
+    let o = decide(&[
+        "--model",
+        &model,
+        "calibrate",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--tools",
+        "examples/tools.json",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let manifest = std::fs::read_to_string(Path::new(&model).join("manifest.toml")).unwrap();
+    let v: toml::Value = toml::from_str(&manifest).unwrap();
+    let table = &v["conformal"];
+    let needed: Vec<f64> = table["needed_probabilities"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{manifest}"))
+        .iter()
+        .map(|p| p.as_float().unwrap())
+        .collect();
+    // One probability per needed (case, tool) pair of the data, sorted, as the report says.
+    assert_eq!(needed.len() as u64, report["positives"].as_u64().unwrap());
+    assert_eq!(report["conformal"]["needed"], needed.len(), "{report}");
+    assert!(needed.windows(2).all(|w| w[0] <= w[1]), "{manifest}");
+    assert_eq!(table["cases"].as_integer(), Some(120), "{manifest}");
+    assert_eq!(
+        table["source"].as_str(),
+        Some("models/calibration/tools.jsonl with examples/tools.json")
+    );
+    // The printed threshold is the k-th smallest probability, k = ⌊(1 − R)(n + 1)⌋.
+    let k = ((1.0 - 0.9) * (needed.len() + 1) as f64 + 1e-9).floor() as usize;
+    let t90 = if k == 0 { 0.0 } else { needed[k - 1] };
+    assert_eq!(
+        report["conformal"]["thresholds"]["0.9"].as_f64(),
+        Some(t90),
+        "{report}"
+    );
+
+    // The shipped conversation asks for the forecast (already called) and an email.
+    let at_90 = selected_at_recall(&model, "0.9");
+    assert!(
+        at_90.iter().any(|n| n == "get_forecast") && at_90.iter().any(|n| n == "send_email"),
+        "{at_90:?}"
+    );
+    // A higher target never selects fewer tools.
+    let mut last = 0;
+    for r in ["0.5", "0.8", "0.9", "0.95", "0.99"] {
+        let n = selected_at_recall(&model, r).len();
+        assert!(n >= last, "R = {r}: {n} tools, fewer than {last}");
+        last = n;
+    }
+    let o = select(&["--target-recall", "0.9"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("target recall 0.9: min probability {t90}")),
+        "{}",
+        stdout(&o)
+    );
+
+    // eval measures at the same threshold and says so.
+    let o = decide(&[
+        "--model",
+        &model,
+        "eval",
+        "--data",
+        "crates/decide-eval/data/own/tune.jsonl",
+        "--tools",
+        "crates/decide-eval/data/own/catalogue.json",
+        "--target-recall",
+        "0.9",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(e["threshold"].as_f64(), Some(t90), "{e}");
+    assert_eq!(e["target_recall"].as_f64(), Some(0.9), "{e}");
+    assert!(e["mean_selected"].as_f64().unwrap() > 0.0, "{e}");
+
+    // Bad targets and both options at once.
+    for bad in ["1.5", "0", "1"] {
+        let o = select(&["--target-recall", bad]);
+        assert_one_line_error(&o, "--target-recall: must be between 0 and 1");
+    }
+    let o = select(&["--target-recall", "0.9", "--min-probability", "0.3"]);
+    assert_one_line_error(&o, "--target-recall: replaces --min-probability");
+    // Another lexical weight makes other probabilities: the table no longer applies.
+    let o = decide(&[
+        "--model",
+        &model,
+        "--lexical-weight",
+        "0.9",
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--target-recall",
+        "0.9",
+        "hi",
+    ]);
+    assert_one_line_error(&o, "has no conformal calibration");
+    // calibrate writes the table; it does not read one.
+    let o = decide(&[
+        "--model",
+        &model,
+        "calibrate",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--tools",
+        "examples/tools.json",
+        "--target-recall",
+        "0.9",
+        "--dry-run",
+    ]);
+    assert_one_line_error(&o, "--target-recall: not used by calibrate");
 }
 
 #[test]

@@ -104,10 +104,11 @@ pub enum Command {
     Select(SelectArgs),
     /// Score every tool of every case of a JSONL file; one JSON line out per line in.
     Score(ScoreArgs),
-    /// Fit the model's calibration (raw score to probability) on labelled cases.
+    /// Fit the model's calibration (raw score to probability) on labelled cases, and write the
+    /// conformal table --target-recall reads (use cases the model was not trained on).
     Calibrate(CalibrateArgs),
     /// Measure the quality of the tool selection on labelled cases: accuracy, recall@k, MRR, precision and
-    /// recall at --min-probability, calibration error, latency.
+    /// recall at --min-probability (or --target-recall's threshold), tools selected per case, calibration error, latency.
     Eval(EvalArgs),
     /// Choose the route (the chat model) a conversation should go to.
     Route(RouteArgs),
@@ -127,9 +128,15 @@ pub enum Command {
 /// of them see a conversation the same way.
 #[derive(Args, Debug, Clone)]
 pub struct FilterArgs {
-    /// Pass on every tool whose probability reaches this (inclusive).
-    #[arg(long, default_value_t = decide_filter::DEFAULT_MIN_PROBABILITY)]
-    pub min_probability: f64,
+    /// Pass on every tool whose probability reaches this (inclusive) [default: 0.5].
+    // Not a clap default: --target-recall must tell a given value from the default.
+    #[arg(long, value_name = "P")]
+    pub min_probability: Option<f64>,
+    /// Instead of --min-probability, pass on the fewest tools that still find the needed ones this
+    /// share of the time (0 < R < 1), by the conformal table `decide calibrate` writes into the
+    /// model's manifest.
+    #[arg(long, value_name = "R")]
+    pub target_recall: Option<f64>,
     /// Keep at most this many of the most probable tools.
     #[arg(long)]
     pub max_results: Option<usize>,
@@ -447,6 +454,11 @@ pub struct TrainArgs {
     /// calibrated and measured on the --rerank-top tools the base model shortlists.
     #[arg(long, default_value = "bi-encoder", value_parser = parse_head)]
     pub head: decide_train::TrainHead,
+    /// Freeze the embeddings and this many of the lowest encoder layers: only the layers above
+    /// train, each text's frozen output is computed once and reused, and the trained model
+    /// differs from its base only in those layers (0: train every weight).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub freeze_layers: usize,
     #[command(flatten)]
     pub filter: FilterArgs,
 }

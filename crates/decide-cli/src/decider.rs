@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use decide_contract::{DecisionError, DecisionModel, DecisionRequest};
-use decide_engine::{Bm25Model, Calibration, Cascade, Engine, BM25_MODEL_NAME};
+use decide_engine::{Bm25Model, Calibration, Cascade, Conformal, Engine, BM25_MODEL_NAME};
 
 /// The neural engine, the lexical baseline, or a cascade of two, behind one interface for the
 /// commands. Cloning shares the loaded models.
@@ -80,6 +80,15 @@ impl Decider {
             Self::Engine(e) => e.info().calibration,
             Self::Bm25(m) => Some(m.calibration()),
             Self::Cascade { .. } => None,
+        }
+    }
+
+    /// The conformal table of the model's manifest, which `--target-recall` needs. BM25 has no
+    /// manifest, and a cascade's probabilities come from two models: neither has one.
+    pub fn conformal(&self) -> Option<&Conformal> {
+        match self {
+            Self::Engine(e) => e.conformal(),
+            Self::Bm25(_) | Self::Cascade { .. } => None,
         }
     }
 

@@ -25,7 +25,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     // The selected set is measured at the threshold alone; recall@k already says what keeping only the k most
     // probable tools would find, so a cut by --max-results would only blur precision and recall.
     if args.filter.max_results.is_some() {
-        bail!("--max-results: not used by eval, which measures the selection at --min-probability (see recall@k for the top k)");
+        bail!("--max-results: not used by eval, which measures the selection at its threshold (see recall@k for the top k)");
     }
     let reader = Cases::open(&args.cases)?;
     // Read before the model loads, so that a bad file fails at once.
@@ -64,6 +64,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         let mut json = serde_json::to_value(&report)?;
         if let Some(map) = json.as_object_mut() {
             map.insert("model".into(), engine.name().into());
+            map.insert("target_recall".into(), args.filter.target_recall.into());
             if let (Some(split), Some(seen)) = (&split, &seen) {
                 map.insert(
                     "seen_in".into(),
@@ -86,8 +87,19 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         engine.name(),
         engine.device()
     )?;
+    match (args.filter.target_recall, engine.conformal()) {
+        (Some(r), Some(c)) => writeln!(
+            out,
+            "threshold {} from --target-recall {r} (conformal: {} needed tools of {} cases from {})",
+            report.threshold,
+            c.len(),
+            c.cases(),
+            if c.source().is_empty() { "unknown data" } else { c.source() }
+        )?,
+        _ => writeln!(out, "threshold {} (--min-probability)", report.threshold)?,
+    }
     for (metric, value) in table(&report) {
-        writeln!(out, "  {metric:<40}{value:>10}")?;
+        writeln!(out, "  {metric:<44}{value:>10}")?;
     }
     if let (Some(split), Some(seen)) = (&split, &seen) {
         writeln!(
@@ -97,7 +109,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
             seen.len()
         )?;
         for (metric, value) in seen_table(split) {
-            writeln!(out, "  {metric:<40}{value:>10}")?;
+            writeln!(out, "  {metric:<44}{value:>10}")?;
         }
     }
     Ok(())
@@ -143,6 +155,11 @@ fn evaluate_cases_to(
 ) -> anyhow::Result<(Report, Vec<ScoredCase>)> {
     let bar = progress(reader.total, "evaluating");
     let mut cases = Vec::new();
+    // The threshold the filter itself selects at: --min-probability, or --target-recall's from the
+    // model's conformal table, so that the metrics at the threshold measure what select passes on.
+    let mut threshold = filter
+        .min_probability
+        .unwrap_or(decide_filter::DEFAULT_MIN_PROBABILITY);
     for next in reader {
         let (at, case) = next?;
         let at = || at.clone();
@@ -154,6 +171,7 @@ fn evaluate_cases_to(
         };
         let started = Instant::now();
         let provider = build_filter(engine, case.tools, filter)?;
+        threshold = provider.min_probability();
         let (selection, scores) = select(&provider, &case.messages).with_context(at)?;
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         // A fallback passes tools without probabilities: measuring it would score the fallback, not the model.
@@ -186,8 +204,7 @@ fn evaluate_cases_to(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let report =
-        evaluate(&cases, filter.min_probability).with_context(|| data.display().to_string())?;
+    let report = evaluate(&cases, threshold).with_context(|| data.display().to_string())?;
     Ok((report, cases))
 }
 
@@ -245,6 +262,10 @@ fn table(r: &Report) -> Vec<(String, String)> {
         (
             format!("no-tool cases, nothing selected at {t}"),
             ratio(r.no_tool_none_selected),
+        ),
+        (
+            format!("tools selected per case at {t}"),
+            format!("{:.2}", r.mean_selected),
         ),
         (
             "calibration error (ECE, 10 bins)".into(),

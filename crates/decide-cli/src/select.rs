@@ -33,11 +33,27 @@ pub fn build_filter(
     let mut builder = FilteringToolProvider::builder()
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(tools)))
         .decision_model(engine.decision_model())
-        .min_probability(args.min_probability)
         .max_messages(args.max_messages)
         .max_message_length(args.max_message_length)
         .always_include(args.always_include.clone())
         .fallback(args.fallback);
+    match (args.min_probability, args.target_recall) {
+        (Some(_), Some(_)) => {
+            bail!("--target-recall: replaces --min-probability: give one of them, not both")
+        }
+        (_, Some(r)) => {
+            let Some(conformal) = engine.conformal() else {
+                bail!(
+                    "--target-recall: model {} has no conformal calibration; run decide calibrate \
+                     --data CASES.jsonl --tools TOOLS.json on held-out labelled cases to add one",
+                    engine.name()
+                );
+            };
+            builder = builder.target_recall(r, conformal);
+        }
+        (Some(p), None) => builder = builder.min_probability(p),
+        (None, None) => {}
+    }
     if let Some(k) = args.max_results {
         builder = builder.max_results(k);
     }
@@ -113,12 +129,18 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         writeln!(out, "{json}")?;
         return Ok(());
     }
+    let threshold = match filter.target_recall() {
+        Some(r) => format!(
+            "target recall {r}: min probability {}",
+            filter.min_probability()
+        ),
+        None => format!("min probability {}", filter.min_probability()),
+    };
     writeln!(
         out,
-        "{} of {} tools selected (min probability {}, {} on {}, {:.1} ms)",
+        "{} of {} tools selected ({threshold}, {} on {}, {:.1} ms)",
         chosen.len(),
         scores.len(),
-        args.filter.min_probability,
         engine.name(),
         engine.device(),
         elapsed.as_secs_f64() * 1000.0

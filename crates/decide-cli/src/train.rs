@@ -151,6 +151,14 @@ fn raw_scores(
     Ok((scores, labels))
 }
 
+/// The process's peak resident memory in GB, where the system says (Linux's VmHWM).
+fn peak_memory() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1e6)
+}
+
 /// Stops training at the next step on the first Ctrl-C; a second one ends the process.
 fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
@@ -228,6 +236,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         seed: args.seed,
         hard_negative_pool: args.hard_negatives,
         head,
+        frozen_layers: args.freeze_layers,
         ..Hyper::default()
     };
     let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
@@ -255,6 +264,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             bail!("{at}: the user message has no text");
         };
         let mut positives = Vec::new();
+        let mut candidates = Vec::with_capacity(case.tools.len());
         for tool in &case.tools {
             let text = candidate_text(&tool.name, tool.description.as_deref().unwrap_or(""));
             let next = documents.len();
@@ -265,6 +275,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             if expected.contains(&tool.name) && !positives.contains(&idx) {
                 positives.push(idx);
             }
+            candidates.push(idx);
         }
         if positives.is_empty() {
             // A case that needs no tool has no positive to pull towards; its tools still serve
@@ -275,6 +286,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         spool.push(&Example {
             query: input.render(),
             positives,
+            candidates,
         })?;
         Ok(())
     })?;
@@ -355,6 +367,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         global.device
     );
     let stop = interrupt_flag();
+    let trainer_steps = trainer.total_steps();
     let per_epoch = trainer.pairs_per_epoch() as u64;
     let bar = crate::score::progress(per_epoch * args.epochs as u64, "training");
     if let Ok(style) = indicatif::ProgressStyle::with_template(
@@ -373,12 +386,30 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let mut best: Option<(usize, f64)> = None;
     let mut since_best = 0;
     let mut saved_epoch = None;
+    // Without a terminal (a log file, CI) the bar is hidden: a line every 5% of the run
+    // says how far it is instead.
+    let log_every = (trainer.total_steps() / 20).max(1);
+    let log_lines = bar.is_hidden();
+    let mut training_time = std::time::Duration::ZERO;
+    let mut pairs_trained = 0u64;
     for epoch in 1..=args.epochs {
         let mut loss_sum = 0.0;
         let mut steps = 0;
+        let epoch_started = Instant::now();
         let complete = trainer.run_epoch(&mut |r| {
             loss_sum += r.loss as f64;
             steps += 1;
+            pairs_trained += r.examples as u64;
+            if log_lines && r.step % log_every == 0 {
+                eprintln!(
+                    "epoch {epoch}/{}: step {}/{}, loss {:.3}, {:.1} min",
+                    args.epochs,
+                    r.step,
+                    trainer_steps,
+                    loss_sum / steps as f64,
+                    started.elapsed().as_secs_f64() / 60.0
+                );
+            }
             bar.inc(r.examples as u64);
             bar.set_message(format!(
                 "epoch {epoch}/{} loss {:.3}",
@@ -402,6 +433,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
                 None => bail!("interrupted in epoch {epoch}, before any epoch completed: nothing was written"),
             }
         }
+        training_time += epoch_started.elapsed();
         let loss = loss_sum / steps.max(1) as f64;
         // Checkpoint, calibrate, measure.
         meta.calibration = None;
@@ -499,6 +531,17 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         args.out.display(),
         saved_epoch.unwrap_or(0),
         args.epochs,
+    );
+    // What the run cost, for comparing recipes and machines: the epochs themselves (hard-negative
+    // mining included, checkpoints and evaluation not) and the process's peak memory.
+    let seconds = training_time.as_secs_f64();
+    println!(
+        "trained {pairs_trained} pairs in {:.1} min ({:.1} pairs/s){}",
+        seconds / 60.0,
+        pairs_trained as f64 / seconds.max(1e-9),
+        peak_memory()
+            .map(|gb| format!(", peak memory {gb:.2} GB"))
+            .unwrap_or_default()
     );
     Ok(())
 }

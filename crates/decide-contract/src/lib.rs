@@ -34,6 +34,9 @@
 //! **Privacy.** The input is user data: `Debug` on [`DecisionInput`] and [`DecisionRequest`] shows
 //! only its size, so requests can be logged freely.
 //!
+//! [`Conformal`] turns a target recall into a yes/no probability threshold, from the probabilities a
+//! model gave the needed candidates of held-out labelled cases (split conformal prediction).
+//!
 //! [`MockDecisionModel`] is a scriptable model for the tests of code that uses a decision model.
 //!
 //! ```
@@ -66,6 +69,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod conformal;
 pub mod error;
 pub mod listener;
 pub mod mock;
@@ -75,6 +79,7 @@ pub mod response;
 mod serde_util;
 pub mod validate;
 
+pub use conformal::{Conformal, InvalidTargetRecall};
 pub use error::{AnswerKind, BoxError, DecisionError, Result};
 pub use listener::{
     Attributes, DecisionModelListener, ErrorContext, ListenerResult, RequestContext,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use decide_contract::DecisionInput;
+use decide_contract::{Conformal, DecisionInput};
 use serde::Deserialize;
 use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 
@@ -185,6 +185,9 @@ pub struct ModelInfo {
     pub calibration: Option<Calibration>,
     /// The weight of BM25 in hybrid scoring; 0 for the model alone.
     pub lexical_weight: f64,
+    /// The manifest's conformal table (see [`Engine::conformal`]), if it has one and it holds
+    /// for the calibration and lexical weight in use.
+    pub conformal: Option<Conformal>,
 }
 
 /// Raw scores of candidates against one query, in the candidates' order.
@@ -467,6 +470,21 @@ impl Engine {
             EngineError::bad_file(&weights, crate::device::first_line(&e.to_string()))
         })?;
 
+        let manifest_weight = location
+            .manifest
+            .as_ref()
+            .and_then(|m| m.scoring.as_ref())
+            .map(|s| s.lexical_weight)
+            .unwrap_or(0.0);
+        let lexical_weight = options.lexical_weight.unwrap_or(manifest_weight);
+        // The table holds the probabilities of the manifest's calibration over the manifest's
+        // scores: another calibration or weight makes other probabilities, and its thresholds
+        // would promise a recall nobody measured.
+        let conformal = location
+            .manifest
+            .as_ref()
+            .and_then(|m| m.conformal.clone())
+            .filter(|_| options.calibration.is_none() && lexical_weight == manifest_weight);
         let info = ModelInfo {
             name: location.name.clone(),
             hf_id: location.manifest.as_ref().map(|m| m.hf_id.clone()),
@@ -481,16 +499,8 @@ impl Engine {
             device: device_name(&device),
             dtype: format!("{dtype:?}").to_lowercase(),
             calibration,
-            lexical_weight: options
-                .lexical_weight
-                .or_else(|| {
-                    location
-                        .manifest
-                        .as_ref()
-                        .and_then(|m| m.scoring.as_ref())
-                        .map(|s| s.lexical_weight)
-                })
-                .unwrap_or(0.0),
+            lexical_weight,
+            conformal,
         };
         tracing::debug!(model = %info.name, dir = %dir.display(), head = info.head.as_str(), "model loaded");
         Ok(Engine {
@@ -735,6 +745,15 @@ impl Engine {
     /// The weight of BM25 in hybrid scoring (0: the model alone).
     pub fn lexical_weight(&self) -> f64 {
         self.inner.info.lexical_weight
+    }
+
+    /// The conformal table of the manifest (`[conformal]`, written by `decide calibrate`): the
+    /// probabilities of the needed tools of held-out cases, which turn a target recall into a
+    /// threshold ([`Conformal::threshold`]). `None` when the manifest has none, or when
+    /// [`EngineBuilder::calibration`] or [`EngineBuilder::lexical_weight`] changed the
+    /// probabilities it was computed for.
+    pub fn conformal(&self) -> Option<&Conformal> {
+        self.inner.info.conformal.as_ref()
     }
 
     /// The calibration, or an error naming the model when it has none.

@@ -17,7 +17,9 @@
 //! * scale: the same softmax over the levels, and the expected level index as the mean.
 //!
 //! `a` and `b` are the model's [`Calibration`] (Platt scaling, stored in its manifest):
-//! nothing uncalibrated is called a probability.
+//! nothing uncalibrated is called a probability. A manifest may also carry a [`Conformal`]
+//! table, the probabilities of the needed tools of held-out cases, which turns a recall the
+//! caller chooses into a threshold ([`Engine::conformal`]).
 //!
 //! ## Two heads
 //!
@@ -77,6 +79,9 @@ pub use batching::plan_batches;
 pub use calibration::{sigmoid, softmax, Calibration};
 pub use cascade::{Cascade, DEFAULT_TOP_K};
 pub use config::{Activation, EncoderConfig, Family};
+/// The manifest's `[conformal]` table; defined in the contract so that the tool filter can take it
+/// without depending on the engine.
+pub use decide_contract::Conformal;
 pub use decision::{candidate_text, StagedDecision};
 pub use device::{CpuKernels, DeviceSpec, Precision};
 pub use engine::{

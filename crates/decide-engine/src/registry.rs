@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use decide_contract::Conformal;
 use serde::{Deserialize, Serialize};
 
 use crate::calibration::Calibration;
@@ -72,6 +73,15 @@ pub struct Manifest {
     /// hyper-parameters); informational, the engine does not read it.
     #[serde(default)]
     pub training: Option<toml::Table>,
+    /// How `models/fetch` builds the model from a base model and a delta, for a model of which
+    /// the repository keeps only the tensors fine-tuning changed.
+    #[serde(default)]
+    pub build: Option<Build>,
+    /// The calibrated probabilities of the needed tools of held-out cases, written by
+    /// `decide calibrate`: what turns a target recall into a threshold. Valid for the
+    /// `[calibration]` and `[scoring]` above only.
+    #[serde(default)]
+    pub conformal: Option<Conformal>,
     /// sha256 of each file, by path relative to the model folder.
     pub files: BTreeMap<String, String>,
 }
@@ -83,6 +93,21 @@ pub struct Scoring {
     /// The weight of BM25 coverage added to the model's score (hybrid scoring).
     #[serde(default)]
     pub lexical_weight: f64,
+}
+
+/// A manifest's `[build]` table: the model is built by `models/fetch` (with `models/build.py
+/// assemble`) from the files of a base model and a delta, the tensors fine-tuning changed stored
+/// as float16; the built files are then checked against `[files]`. Informational for the engine,
+/// which reads the built folder like any other.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Build {
+    /// The base model's short name: its files are in `models/<base>/`.
+    pub base: String,
+    /// The delta's file name in the model's folder (`delta.safetensors`).
+    pub delta: String,
+    /// sha256 of the delta, checked before building.
+    pub delta_sha256: String,
 }
 
 impl Manifest {
@@ -276,6 +301,27 @@ mod tests {
     fn a_bad_manifest_names_the_field() {
         let err = Manifest::parse("name = \"x\"\nhead = \"sideways\"").unwrap_err();
         assert!(err.contains("sideways"), "{err}");
+    }
+
+    #[test]
+    fn a_build_table_parses_and_rejects_unknown_keys() {
+        let head = "name = \"x\"\nhf_id = \"x\"\nrevision = \"main\"\narchitecture = \"bert\"\nhead = \"bi-encoder\"\nmax_length = 256\n";
+        let build = "[build]\nbase = \"all-MiniLM-L6-v2\"\ndelta = \"delta.safetensors\"\ndelta_sha256 = \"ab\"\n";
+        let m = Manifest::parse(&format!("{head}{build}[files]\n")).unwrap();
+        assert_eq!(
+            m.build,
+            Some(Build {
+                base: "all-MiniLM-L6-v2".into(),
+                delta: "delta.safetensors".into(),
+                delta_sha256: "ab".into(),
+            })
+        );
+        let err = Manifest::parse(&format!("{head}{build}extra = 1\n[files]\n")).unwrap_err();
+        assert!(err.contains("extra"), "{err}");
+        assert!(Manifest::parse(&format!("{head}[files]\n"))
+            .unwrap()
+            .build
+            .is_none());
     }
 
     #[test]

@@ -43,6 +43,7 @@
 //!     when no case expects a tool.
 //!   * **no-tool cases with nothing selected**: over the cases with no expected tool, the share whose selected set
 //!     is empty.
+//!   * **tools selected per case**: the mean size of the selected set over all cases.
 //! * **Expected calibration error** (ECE): every (case, tool) pair is a prediction `p` with the label 1 if the tool
 //!   was expected and 0 otherwise. The pairs fall into 10 equal-width bins by `p`: bin `b` = min(⌊10·p⌋, 9), so
 //!   bin `b` holds `[b/10, (b+1)/10)` and the last bin also holds 1.0. ECE = Σ over non-empty bins of
@@ -334,6 +335,9 @@ pub struct Report {
     pub recall: Option<f64>,
     /// Share of the no-tool cases where nothing was selected.
     pub no_tool_none_selected: Option<f64>,
+    /// Mean number of tools selected per case (those passed without asking included): what the
+    /// selection costs in the LLM's context.
+    pub mean_selected: f64,
     /// Expected calibration error over all (case, tool) pairs, 10 equal-width bins.
     pub ece: f64,
     /// Median decision latency (nearest rank), in milliseconds.
@@ -393,6 +397,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
     let (mut true_pos, mut false_pos, mut false_neg) = (0usize, 0usize, 0usize);
     let mut no_tool_cases = 0;
     let mut no_tool_empty = 0.0;
+    let mut selected_total = 0usize;
     let mut calibration_pairs = Vec::new();
     let mut pairs_total = 0;
     let mut latencies = Vec::with_capacity(cases.len());
@@ -432,6 +437,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
             let label = case.is_expected(&c.name);
             let selected = c.probability >= threshold;
             selected_any |= selected;
+            selected_total += usize::from(selected);
             match (selected, label) {
                 (true, true) => true_pos += 1,
                 (true, false) => false_pos += 1,
@@ -468,6 +474,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
         precision: share(true_pos as f64, true_pos + false_pos),
         recall: share(true_pos as f64, true_pos + false_neg),
         no_tool_none_selected: share(no_tool_empty, no_tool_cases),
+        mean_selected: selected_total as f64 / cases.len() as f64,
         ece,
         latency_p50_ms: nearest_rank(&latencies, 50),
         latency_p95_ms: nearest_rank(&latencies, 95),

@@ -105,6 +105,9 @@ fn every_metric_matches_the_hand_computation() {
     // No-tool cases: D selects nothing, E selects `a` → 1/2.
     close_some(r.no_tool_none_selected, 0.5);
 
+    // Selected per case: A 2, B 2, C 4, D 0, E 1 → 9/5.
+    close(r.mean_selected, 1.8);
+
     // ECE over the 22 pairs, per bin |Σp − Σlabel|:
     // bin 0 [0, .1):  C .05 .05 .05 .05(t11, label 1)   |0.20 − 1| = 0.80
     // bin 1 [.1, .2): B .1, C .15, D .1                 |0.35 − 0| = 0.35
@@ -264,6 +267,7 @@ fn the_threshold_moves_the_selected_set() {
     close_some(r.precision, 5.0 / 22.0);
     close_some(r.recall, 1.0);
     close_some(r.no_tool_none_selected, 0.0);
+    close(r.mean_selected, 22.0 / 5.0);
     // At 1.0 only C's t0 (passed without asking) is selected: TP 0, FP 1, FN 5.
     let r = evaluate(&example(), 1.0).unwrap();
     close_some(r.precision, 0.0);
@@ -355,6 +359,7 @@ fn the_report_serializes_every_metric() {
         "precision",
         "recall",
         "no_tool_none_selected",
+        "mean_selected",
         "ece",
         "latency_p50_ms",
         "latency_p95_ms",

@@ -10,7 +10,8 @@ use decide_chat::{
     UserMessage,
 };
 use decide_contract::{
-    DecisionError, DecisionInput, DecisionModel, DecisionRequest, YesNoQuestion,
+    Conformal, DecisionError, DecisionInput, DecisionModel, DecisionRequest, InvalidTargetRecall,
+    YesNoQuestion,
 };
 
 use crate::error::FilterError;
@@ -34,6 +35,7 @@ pub struct FilteringToolProvider {
     tool_provider: Arc<dyn ToolProvider>,
     decision_model: Arc<dyn DecisionModel>,
     min_probability: f64,
+    target_recall: Option<f64>,
     max_results: Option<usize>,
     max_messages: usize,
     message_filter: Option<MessageFilter>,
@@ -54,6 +56,7 @@ impl FilteringToolProvider {
             tool_provider,
             decision_model,
             min_probability: DEFAULT_MIN_PROBABILITY,
+            target_recall: None,
             max_results: None,
             max_messages: DEFAULT_MAX_MESSAGES,
             message_filter: None,
@@ -70,9 +73,16 @@ impl FilteringToolProvider {
         FilteringToolProviderBuilder::default()
     }
 
-    /// The minimum probability of a tool passed on (inclusive).
+    /// The minimum probability of a tool passed on (inclusive): the one given, or the threshold of
+    /// the target recall.
     pub fn min_probability(&self) -> f64 {
         self.min_probability
+    }
+
+    /// The recall the threshold was chosen for, when it was set with
+    /// [`target_recall`](FilteringToolProviderBuilder::target_recall).
+    pub fn target_recall(&self) -> Option<f64> {
+        self.target_recall
     }
 
     /// The most tools the model may select, on top of those passed without asking; `None` for no limit.
@@ -407,6 +417,7 @@ impl fmt::Debug for FilteringToolProvider {
             .field("dynamic", &self.tool_provider.is_dynamic())
             .field("decision_model", &self.decision_model.model_name())
             .field("min_probability", &self.min_probability)
+            .field("target_recall", &self.target_recall)
             .field("max_results", &self.max_results)
             .field("max_messages", &self.max_messages)
             .field("message_filter", &self.message_filter.is_some())
@@ -474,7 +485,9 @@ fn called_tools(messages: &[ChatMessage]) -> HashSet<&str> {
 pub struct FilteringToolProviderBuilder {
     tool_provider: Option<Arc<dyn ToolProvider>>,
     decision_model: Option<Arc<dyn DecisionModel>>,
-    min_probability: f64,
+    min_probability: Option<f64>,
+    /// The target recall and the threshold the table gave for it, checked in `build`.
+    target_recall: Option<(f64, Result<f64, InvalidTargetRecall>)>,
     max_results: Option<usize>,
     max_messages: usize,
     message_filter: Option<MessageFilter>,
@@ -490,7 +503,8 @@ impl Default for FilteringToolProviderBuilder {
         Self {
             tool_provider: None,
             decision_model: None,
-            min_probability: DEFAULT_MIN_PROBABILITY,
+            min_probability: None,
+            target_recall: None,
             max_results: None,
             max_messages: DEFAULT_MAX_MESSAGES,
             message_filter: None,
@@ -518,7 +532,21 @@ impl FilteringToolProviderBuilder {
 
     /// Pass on tools whose probability reaches this (inclusive); between 0 and 1, default 0.5.
     pub fn min_probability(mut self, min_probability: f64) -> Self {
-        self.min_probability = min_probability;
+        self.min_probability = Some(min_probability);
+        self
+    }
+
+    /// Instead of [`min_probability`](Self::min_probability), pass on the smallest set that
+    /// covers the needed tools `target_recall` of the time: the threshold is
+    /// [`Conformal::threshold`] of `conformal`, the table of the decision model's probabilities for
+    /// the needed tools of held-out cases (`decide_engine::Engine::conformal`, written by
+    /// `decide calibrate`). The filter works over any [`DecisionModel`], so the table is the
+    /// caller's to give, and it must come from the same model and calibration as
+    /// [`decision_model`](Self::decision_model). The recall is marginal (on average over cases
+    /// like the table's), must lie in `(0, 1)`, and is measured before `max_results`, which still
+    /// caps the set. Setting both this and `min_probability` fails at `build`.
+    pub fn target_recall(mut self, target_recall: f64, conformal: &Conformal) -> Self {
+        self.target_recall = Some((target_recall, conformal.threshold(target_recall)));
         self
     }
 
@@ -591,10 +619,23 @@ impl FilteringToolProviderBuilder {
         let decision_model = self
             .decision_model
             .ok_or_else(|| FilterError::config("decision_model", "is required"))?;
-        if !(0.0..=1.0).contains(&self.min_probability) {
+        let (min_probability, target_recall) = match (self.min_probability, self.target_recall) {
+            (Some(_), Some(_)) => {
+                return Err(FilterError::config(
+                    "target_recall",
+                    "replaces min_probability: set one of them, not both",
+                ))
+            }
+            (_, Some((_, Err(error)))) => {
+                return Err(FilterError::config("target_recall", error.to_string()))
+            }
+            (_, Some((recall, Ok(threshold)))) => (threshold, Some(recall)),
+            (p, None) => (p.unwrap_or(DEFAULT_MIN_PROBABILITY), None),
+        };
+        if !(0.0..=1.0).contains(&min_probability) {
             return Err(FilterError::config(
                 "min_probability",
-                format!("must be between 0 and 1, but was {}", self.min_probability),
+                format!("must be between 0 and 1, but was {min_probability}"),
             ));
         }
         for (option, value) in [
@@ -614,7 +655,8 @@ impl FilteringToolProviderBuilder {
         Ok(FilteringToolProvider {
             tool_provider,
             decision_model,
-            min_probability: self.min_probability,
+            min_probability,
+            target_recall,
             max_results: self.max_results,
             max_messages: self.max_messages,
             message_filter: self.message_filter,
@@ -633,6 +675,7 @@ impl fmt::Debug for FilteringToolProviderBuilder {
             .field("tool_provider", &self.tool_provider.is_some())
             .field("decision_model", &self.decision_model.is_some())
             .field("min_probability", &self.min_probability)
+            .field("target_recall", &self.target_recall)
             .field("max_results", &self.max_results)
             .field("max_messages", &self.max_messages)
             .field("message_filter", &self.message_filter.is_some())

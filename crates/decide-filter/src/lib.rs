@@ -24,8 +24,11 @@
 //!    conversation: one yes/no question per tool, named `tool0`, `tool1`, …, whose text comes from the question
 //!    template and whose *candidate* is the tool's name and description, so an engine can score the tool itself.
 //! 5. Every candidate whose probability reaches `min_probability` (default 0.5, inclusive) passes; `max_results`
-//!    optionally keeps only the most probable of them. The result keeps the wrapped provider's order, which keeps
-//!    the LLM provider's prompt cache warm when the selection does not change.
+//!    optionally keeps only the most probable of them. Instead of a probability, `target_recall` takes a recall
+//!    and the model's [`Conformal`](decide_contract::Conformal) table (see
+//!    [`FilteringToolProviderBuilder::target_recall`]): the threshold is then the one at which the needed tools of
+//!    the table's held-out cases were found that share of the time. The result keeps the wrapped provider's order,
+//!    which keeps the LLM provider's prompt cache warm when the selection does not change.
 //! 6. If the model fails, or refuses to answer a question, the [`Fallback`] applies: by default every tool is passed
 //!    on and a warning is logged; [`Fallback::NoTools`] passes on only the tools of step 3, and [`Fallback::Fail`]
 //!    returns the model's error.

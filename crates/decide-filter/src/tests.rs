@@ -8,7 +8,9 @@ use decide_chat::{
     ToolProvider, ToolProviderError, ToolProviderRequest, ToolProviderResult, ToolSpecification,
     UserMessage, ELISION_MARKER,
 };
-use decide_contract::{Answer, DecisionError, DecisionInput, DecisionRequest, MockDecisionModel};
+use decide_contract::{
+    Answer, Conformal, DecisionError, DecisionInput, DecisionRequest, MockDecisionModel,
+};
 use serde_json::{json, Value};
 
 use crate::{
@@ -258,6 +260,101 @@ fn default_min_probability_is_one_half() {
         .unwrap();
     assert_eq!(filter.min_probability(), 0.5);
     assert_eq!(names(&filter.provide_tools(&ask("x")).unwrap()), ["half"]);
+}
+
+/// Ten needed tools of held-out cases had these probabilities: n + 1 = 11, so R = 0.8 → k = ⌊0.2 · 11⌋ = 2
+/// (threshold 0.3), R = 0.9 → k = 1 (0.05), R = 0.95 → k = 0 (every tool).
+fn conformal() -> Conformal {
+    Conformal::from_needed([0.9, 0.05, 0.3, 0.95, 0.8, 0.6, 0.7, 0.85, 0.99, 0.5]).unwrap()
+}
+
+#[test]
+fn target_recall_takes_the_threshold_of_the_conformal_table() {
+    let model = mock();
+    let expect = |recall: f64, threshold: f64, selected: &[&str]| {
+        let filter = builder(catalogue(), &model)
+            .target_recall(recall, &conformal())
+            .build()
+            .unwrap();
+        assert_eq!(filter.min_probability(), threshold, "R = {recall}");
+        assert_eq!(filter.target_recall(), Some(recall));
+        assert_eq!(
+            names(&filter.provide_tools(&ask("Will it rain?")).unwrap()),
+            selected,
+            "R = {recall}"
+        );
+    };
+    // The relevances: get_weather 0.95, get_forecast 0.8, create_invoice 0.3, send_email 0.05.
+    expect(0.5, 0.7, &["get_weather", "get_forecast"]);
+    expect(0.8, 0.3, &["get_weather", "create_invoice", "get_forecast"]);
+    expect(
+        0.9,
+        0.05,
+        &[
+            "send_email",
+            "get_weather",
+            "create_invoice",
+            "get_forecast",
+        ],
+    );
+    expect(
+        0.95,
+        0.0,
+        &[
+            "send_email",
+            "get_weather",
+            "create_invoice",
+            "get_forecast",
+        ],
+    );
+    // max_results still caps the set.
+    let capped = builder(catalogue(), &model)
+        .target_recall(0.9, &conformal())
+        .max_results(1)
+        .build()
+        .unwrap();
+    assert_eq!(
+        names(&capped.provide_tools(&ask("Will it rain?")).unwrap()),
+        ["get_weather"]
+    );
+}
+
+#[test]
+fn target_recall_replaces_min_probability_and_must_lie_in_0_1() {
+    let model = mock();
+    for builder in [
+        builder(catalogue(), &model)
+            .min_probability(0.5)
+            .target_recall(0.9, &conformal()),
+        builder(catalogue(), &model)
+            .target_recall(0.9, &conformal())
+            .min_probability(0.5),
+    ] {
+        let error = builder.build().unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "target_recall: replaces min_probability: set one of them, not both"
+        );
+    }
+    for r in [0.0, 1.0, 1.5, f64::NAN] {
+        let error = builder(catalogue(), &model)
+            .target_recall(r, &conformal())
+            .build()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            FilterError::InvalidConfig {
+                option: "target_recall",
+                ..
+            }
+        ));
+        assert_eq!(
+            error.to_string(),
+            format!("target_recall: must be between 0 and 1 (both excluded), but was {r}")
+        );
+    }
+    let plain = builder(catalogue(), &model).build().unwrap();
+    assert_eq!(plain.target_recall(), None);
 }
 
 #[test]

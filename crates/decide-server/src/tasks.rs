@@ -140,6 +140,7 @@ const SELECT_FIELDS: &[&str] = &[
     "text",
     "tools",
     "min_probability",
+    "target_recall",
     "max_results",
     "max_messages",
     "max_message_length",
@@ -147,9 +148,10 @@ const SELECT_FIELDS: &[&str] = &[
     "fallback",
 ];
 
-/// `POST /v1/select`: `{"messages" | "text", "tools", "min_probability"?, "max_results"?,
-/// "max_messages"?, "max_message_length"?, "always_include"?, "fallback"?}` →
-/// `{"selected": [...], "scores": [...], "fallback"?}`.
+/// `POST /v1/select`: `{"messages" | "text", "tools", "min_probability"? | "target_recall"?,
+/// "max_results"?, "max_messages"?, "max_message_length"?, "always_include"?, "fallback"?}` →
+/// `{"selected": [...], "scores": [...], "fallback"?}`. `target_recall` takes its threshold
+/// from the model's conformal table.
 pub(crate) async fn select(
     State(state): State<AppState>,
     raw: Result<Bytes, BytesRejection>,
@@ -187,6 +189,19 @@ pub(crate) async fn select(
             .decision_model(Arc::new(state.inner.model.clone()));
         if let Some(p) = number(&body, "min_probability")? {
             builder = builder.min_probability(p);
+        }
+        if let Some(r) = number(&body, "target_recall")? {
+            let engine = state.inner.model.engine();
+            let Some(conformal) = engine.conformal() else {
+                return Err(bad(
+                    "target_recall",
+                    format!(
+                        "model {} has no conformal calibration; run decide calibrate on held-out labelled cases to add one",
+                        engine.info().name
+                    ),
+                ));
+            };
+            builder = builder.target_recall(r, conformal);
         }
         if let Some(k) = count(&body, "max_results")? {
             builder = builder.max_results(k);

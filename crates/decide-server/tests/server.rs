@@ -827,6 +827,83 @@ async fn select_answers_like_the_filter_over_the_engine() {
     assert_eq!(got["error"]["param"], "min_probability", "{got}");
 }
 
+/// The default model with a conformal table in its manifest: the files linked from the real
+/// folder into a scratch one, the manifest copied with `[conformal]` added. n = 4, so R = 0.6
+/// gives k = ⌊0.4 · 5⌋ = 2 and the threshold 0.4.
+fn engine_with_conformal() -> Engine {
+    let src = engine().info().dir.clone();
+    let dir = std::env::temp_dir().join(format!("decide-server-conformal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "manifest.toml" {
+            std::os::unix::fs::symlink(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+    let manifest = std::fs::read_to_string(src.join("manifest.toml")).unwrap();
+    std::fs::write(
+        dir.join("manifest.toml"),
+        format!("{manifest}\n[conformal]\nneeded_probabilities = [0.2, 0.4, 0.6, 0.8]\ncases = 4\nsource = \"test\"\n"),
+    )
+    .unwrap();
+    let engine = Engine::builder()
+        .model(dir.to_str().unwrap())
+        .build()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    engine
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_takes_a_target_recall_from_the_conformal_table() {
+    let text = "Will it rain in Oslo tomorrow?";
+    // The default model has no table: 400 naming the field.
+    let (status, got) = post(
+        &app(),
+        "/v1/select",
+        json!({"text": text, "tools": tools(), "target_recall": 0.9}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+    assert_eq!(got["error"]["param"], "target_recall", "{got}");
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no conformal calibration"),
+        "{got}"
+    );
+
+    let engine = engine_with_conformal();
+    assert_eq!(engine.conformal().unwrap().threshold(0.6), Ok(0.4));
+    let app = router(AppState::new(engine, ServerConfig::default()).unwrap());
+    let (status, at_recall) = post(
+        &app,
+        "/v1/select",
+        json!({"text": text, "tools": tools(), "target_recall": 0.6}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{at_recall}");
+    let (status, at_threshold) = post(
+        &app,
+        "/v1/select",
+        json!({"text": text, "tools": tools(), "min_probability": 0.4}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{at_threshold}");
+    assert_eq!(at_recall, at_threshold);
+    for body in [
+        json!({"text": text, "tools": tools(), "target_recall": 1.5}),
+        json!({"text": text, "tools": tools(), "target_recall": "high"}),
+        json!({"text": text, "tools": tools(), "target_recall": 0.9, "min_probability": 0.5}),
+    ] {
+        let (status, got) = post(&app, "/v1/select", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+        assert_eq!(got["error"]["param"], "target_recall", "{got}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_answers_like_the_router_over_the_engine() {
     use std::sync::Arc;

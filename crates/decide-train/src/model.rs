@@ -143,6 +143,22 @@ impl Bert {
         Ok(bert)
     }
 
+    /// Whether the weight `name` is trained when the embeddings and the lowest `frozen` layers
+    /// are frozen (`frozen` 0: every weight is).
+    pub fn is_trained(name: &str, frozen: usize) -> bool {
+        if frozen == 0 {
+            return true;
+        }
+        if name.starts_with("embeddings.") {
+            return false;
+        }
+        let layer = name
+            .strip_prefix("encoder.layer.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        layer.is_none_or(|i| i >= frozen)
+    }
+
     fn t(&self, name: &str) -> Result<&Tensor> {
         self.vars
             .get(name)
@@ -184,22 +200,17 @@ impl Bert {
         Ok(x.mul(&mask)?)
     }
 
-    /// The last layer's hidden states (B, L, hidden) of padded `ids` (B, L) with `mask`
-    /// (B, L; 1 for tokens, 0 for padding) and, for pairs, token `types` (B, L). With `rng`,
-    /// dropout `p` is on.
-    fn trunk(
+    /// The embedding layer's output (B, L, hidden) of padded `ids` (B, L) with, for pairs,
+    /// token `types` (B, L). With `rng`, dropout `p` is on.
+    fn embeddings(
         &self,
         ids: &Tensor,
         types: Option<&Tensor>,
-        mask: &Tensor,
         p: f32,
         rng: &mut Option<&mut Rng>,
     ) -> Result<Tensor> {
-        let c = &self.config;
         let (b, l) = ids.dims2()?;
-        let h = c.hidden_size;
-        let heads = c.num_heads;
-        let hd = h / heads;
+        let h = self.config.hidden_size;
         let words = self
             .t("embeddings.word_embeddings.weight")?
             .index_select(&ids.flatten_all()?, 0)?
@@ -220,40 +231,116 @@ impl Bert {
                 .broadcast_add(&type_table.get(0)?)?,
         };
         let x = self.layer_norm(&x, "embeddings.LayerNorm")?;
-        let mut x = self.dropout(&x, p, rng)?;
-        // Padding gets a large negative bias (not -inf, so a softmax row never sees only infinities).
-        let bias = ((mask.ones_like()? - mask)? * -1e4)?.reshape((b, 1, 1, l))?;
+        self.dropout(&x, p, rng)
+    }
+
+    /// The attention bias of a padding `mask` (B, L): padding gets a large negative bias (not
+    /// -inf, so a softmax row never sees only infinities).
+    fn attention_bias(mask: &Tensor) -> Result<Tensor> {
+        let (b, l) = mask.dims2()?;
+        Ok(((mask.ones_like()? - mask)? * -1e4)?.reshape((b, 1, 1, l))?)
+    }
+
+    /// Encoder layer `i` on hidden states `x` (B, L, hidden) with the attention `bias` of
+    /// [`attention_bias`](Self::attention_bias).
+    fn layer(
+        &self,
+        i: usize,
+        x: &Tensor,
+        bias: &Tensor,
+        p: f32,
+        rng: &mut Option<&mut Rng>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (b, l, h) = x.dims3()?;
+        let heads = c.num_heads;
+        let hd = h / heads;
         let scale = 1.0 / (hd as f64).sqrt();
-        for i in 0..c.num_layers {
-            let pre = format!("encoder.layer.{i}");
-            let split = |t: Tensor| -> Result<Tensor> {
-                Ok(t.reshape((b, l, heads, hd))?
-                    .transpose(1, 2)?
-                    .contiguous()?)
-            };
-            let q = split(self.linear(&x, &format!("{pre}.attention.self.query"))?)?;
-            let k = split(self.linear(&x, &format!("{pre}.attention.self.key"))?)?;
-            let v = split(self.linear(&x, &format!("{pre}.attention.self.value"))?)?;
-            let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&bias)?;
-            // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
-            let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-            let probs = self.dropout(&probs, p, rng)?;
-            let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
-            let attn = self.linear(&ctx, &format!("{pre}.attention.output.dense"))?;
-            let attn = self.dropout(&attn, p, rng)?;
-            let x1 =
-                self.layer_norm(&(attn + &x)?, &format!("{pre}.attention.output.LayerNorm"))?;
-            let up = self.linear(&x1, &format!("{pre}.intermediate.dense"))?;
-            let up = match c.activation {
-                Activation::Gelu => up.gelu_erf()?,
-                Activation::GeluTanh => up.gelu()?,
-                Activation::Relu => up.relu()?,
-            };
-            let down = self.linear(&up, &format!("{pre}.output.dense"))?;
-            let down = self.dropout(&down, p, rng)?;
-            x = self.layer_norm(&(down + x1)?, &format!("{pre}.output.LayerNorm"))?;
+        let pre = format!("encoder.layer.{i}");
+        let split = |t: Tensor| -> Result<Tensor> {
+            Ok(t.reshape((b, l, heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let q = split(self.linear(x, &format!("{pre}.attention.self.query"))?)?;
+        let k = split(self.linear(x, &format!("{pre}.attention.self.key"))?)?;
+        let v = split(self.linear(x, &format!("{pre}.attention.self.value"))?)?;
+        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
+        // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let probs = self.dropout(&probs, p, rng)?;
+        let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
+        let attn = self.linear(&ctx, &format!("{pre}.attention.output.dense"))?;
+        let attn = self.dropout(&attn, p, rng)?;
+        let x1 = self.layer_norm(&(attn + x)?, &format!("{pre}.attention.output.LayerNorm"))?;
+        let up = self.linear(&x1, &format!("{pre}.intermediate.dense"))?;
+        let up = match c.activation {
+            Activation::Gelu => up.gelu_erf()?,
+            Activation::GeluTanh => up.gelu()?,
+            Activation::Relu => up.relu()?,
+        };
+        let down = self.linear(&up, &format!("{pre}.output.dense"))?;
+        let down = self.dropout(&down, p, rng)?;
+        self.layer_norm(&(down + x1)?, &format!("{pre}.output.LayerNorm"))
+    }
+
+    /// The last layer's hidden states (B, L, hidden) of padded `ids` (B, L) with `mask`
+    /// (B, L; 1 for tokens, 0 for padding) and, for pairs, token `types` (B, L). With `rng`,
+    /// dropout `p` is on.
+    fn trunk(
+        &self,
+        ids: &Tensor,
+        types: Option<&Tensor>,
+        mask: &Tensor,
+        p: f32,
+        rng: &mut Option<&mut Rng>,
+    ) -> Result<Tensor> {
+        let x = self.embeddings(ids, types, p, rng)?;
+        self.upper(&x, mask, 0, p, rng)
+    }
+
+    /// The hidden states after the embeddings and the lowest `frozen` layers, computed as at
+    /// inference (no dropout) and cut from the graph: frozen weights get no gradient, and the
+    /// result can be cached and reused from one step to the next.
+    pub fn frozen(
+        &self,
+        ids: &Tensor,
+        types: Option<&Tensor>,
+        mask: &Tensor,
+        frozen: usize,
+    ) -> Result<Tensor> {
+        let mut none = None;
+        let mut x = self.embeddings(ids, types, 0.0, &mut none)?;
+        let bias = Self::attention_bias(mask)?;
+        for i in 0..frozen.min(self.config.num_layers) {
+            x = self.layer(i, &x, &bias, 0.0, &mut none)?;
+        }
+        Ok(x.detach())
+    }
+
+    /// Layers `from..` on hidden states `x` (B, L, hidden) with padding `mask` (B, L).
+    pub fn upper(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        from: usize,
+        p: f32,
+        rng: &mut Option<&mut Rng>,
+    ) -> Result<Tensor> {
+        let bias = Self::attention_bias(mask)?;
+        let mut x = x.clone();
+        for i in from..self.config.num_layers {
+            x = self.layer(i, &x, &bias, p, rng)?;
         }
         Ok(x)
+    }
+
+    /// Unit-length mean-pooled embeddings (B, hidden) of hidden states `x` (B, L, hidden).
+    pub fn pool(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let m = mask.unsqueeze(2)?;
+        let pooled = x.broadcast_mul(&m)?.sum(1)?.broadcast_div(&m.sum(1)?)?;
+        let norm = (pooled.sqr()?.sum_keepdim(D::Minus1)? + 1e-12)?.sqrt()?;
+        Ok(pooled.broadcast_div(&norm)?)
     }
 
     /// Unit-length mean-pooled sentence embeddings (B, hidden) of padded `ids` (B, L) with
@@ -266,10 +353,7 @@ impl Bert {
         mut rng: Option<&mut Rng>,
     ) -> Result<Tensor> {
         let x = self.trunk(ids, None, mask, p, &mut rng)?;
-        let m = mask.unsqueeze(2)?;
-        let pooled = x.broadcast_mul(&m)?.sum(1)?.broadcast_div(&m.sum(1)?)?;
-        let norm = (pooled.sqr()?.sum_keepdim(D::Minus1)? + 1e-12)?.sqrt()?;
-        Ok(pooled.broadcast_div(&norm)?)
+        Self::pool(&x, mask)
     }
 
     /// The cross-encoder's logit (B,) for each padded pair: BERT's sequence classifier, the
@@ -283,6 +367,11 @@ impl Bert {
         mut rng: Option<&mut Rng>,
     ) -> Result<Tensor> {
         let x = self.trunk(ids, Some(types), mask, p, &mut rng)?;
+        self.logit(&x, p, rng)
+    }
+
+    /// The cross-encoder's logit (B,) from the last layer's hidden states (B, L, hidden).
+    pub fn logit(&self, x: &Tensor, p: f32, mut rng: Option<&mut Rng>) -> Result<Tensor> {
         let first = x.narrow(1, 0, 1)?.squeeze(1)?;
         let pooled = self.linear(&first, "pooler.dense")?.tanh()?;
         let pooled = self.dropout(&pooled, p, &mut rng)?;

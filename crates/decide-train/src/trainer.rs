@@ -42,6 +42,10 @@ pub struct Hyper {
     pub hard_negative_pool: usize,
     /// The head trained on the encoder.
     pub head: TrainHead,
+    /// Layers frozen at the bottom of the encoder, with the embeddings (0: every weight
+    /// trains). Their outputs are computed once per text, without dropout, and reused: a step
+    /// runs forward and backward only through the layers above.
+    pub frozen_layers: usize,
 }
 
 impl Default for Hyper {
@@ -59,6 +63,7 @@ impl Default for Hyper {
             max_grad_norm: 1.0,
             hard_negative_pool: 5,
             head: TrainHead::BiEncoder,
+            frozen_layers: 0,
         }
     }
 }
@@ -116,6 +121,7 @@ impl Hyper {
             (self.hard_negative_pool as i64).into(),
         );
         t.insert("head".into(), self.head.name().into());
+        t.insert("frozen_layers".into(), (self.frozen_layers as i64).into());
         t
     }
 }
@@ -144,12 +150,15 @@ impl TrainHead {
 }
 
 /// One training case: a query and the documents (tool texts) it needs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Example {
     /// The conversation as the engine renders it.
     pub query: String,
     /// Indexes into the documents of the needed tools.
     pub positives: Vec<usize>,
+    /// Indexes of the documents the case was offered (its own catalogue); its hard negatives
+    /// are mined among them. Empty: among every document.
+    pub candidates: Vec<usize>,
 }
 
 /// The training cases, read by index: held in memory (`Vec<Example>`), or spooled to disk
@@ -208,11 +217,15 @@ impl ExampleSpool {
                 "the spool is already being read".into(),
             ));
         };
-        // Record: positives count, positives, query length, query bytes (all little-endian u32).
-        let mut record = Vec::with_capacity(8 + 4 * example.positives.len() + example.query.len());
-        record.extend((example.positives.len() as u32).to_le_bytes());
-        for &p in &example.positives {
-            record.extend((p as u32).to_le_bytes());
+        // Record: positives count, positives, candidates count, candidates, query length,
+        // query bytes (all little-endian u32).
+        let indexes = example.positives.len() + example.candidates.len();
+        let mut record = Vec::with_capacity(12 + 4 * indexes + example.query.len());
+        for list in [&example.positives, &example.candidates] {
+            record.extend((list.len() as u32).to_le_bytes());
+            for &p in list {
+                record.extend((p as u32).to_le_bytes());
+            }
         }
         record.extend((example.query.len() as u32).to_le_bytes());
         record.extend(example.query.as_bytes());
@@ -255,14 +268,20 @@ impl ExampleSource for ExampleSpool {
         };
         let n = next()?;
         let positives = (0..n).map(|_| next()).collect::<Result<Vec<_>>>()?;
+        let m = next()?;
+        let candidates = (0..m).map(|_| next()).collect::<Result<Vec<_>>>()?;
         let len = next()?;
         let text = record
-            .get(4 * (n + 2)..)
+            .get(4 * (n + m + 3)..)
             .filter(|t| t.len() == len)
             .ok_or_else(corrupt)?;
         let query = String::from_utf8(text.to_vec())
             .map_err(|_| TrainError::bad_file(path, "corrupt spool (not UTF-8)"))?;
-        Ok(Example { query, positives })
+        Ok(Example {
+            query,
+            positives,
+            candidates,
+        })
     }
 }
 
@@ -305,6 +324,17 @@ struct Rows {
 /// One tokenized input: ids and token types.
 type Row = (Vec<u32>, Vec<u32>);
 
+/// Rows per forward pass above the frozen layers: a step's rows run in groups of similar
+/// length.
+const BUCKET_ROWS: usize = 16;
+
+/// A text whose frozen-layer output is cached: a document, or a case's query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Text {
+    Doc(u32),
+    Query(u32),
+}
+
 /// A model being trained.
 pub struct Trainer {
     bert: Bert,
@@ -327,6 +357,9 @@ pub struct Trainer {
     pairs: Vec<(u32, u32)>,
     /// Special tokens the tokenizer adds to one text and to a pair.
     specials: (usize, usize),
+    /// With frozen layers: each text's hidden states (tokens, hidden) after them, computed
+    /// once. Frozen layers run without dropout, so these never change.
+    states: HashMap<Text, Tensor>,
 }
 
 fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
@@ -374,6 +407,15 @@ impl Trainer {
             ));
         }
         let mut rng = Rng::new(hyper.seed);
+        if hyper.frozen_layers >= config.num_layers {
+            return Err(TrainError::InvalidOption {
+                option: "freeze-layers",
+                message: format!(
+                    "must be below the base model's {} layers (something must train)",
+                    config.num_layers
+                ),
+            });
+        }
         let bert = Bert::load(&weights, config, device, hyper.head, &mut rng)?;
         let tok_path = base.join("tokenizer.json");
         let mut tokenizer =
@@ -395,7 +437,12 @@ impl Trainer {
             })
             .collect::<Result<Vec<_>>>()?;
         let steps_per_epoch = pairs.len().div_ceil(hyper.batch_size);
-        let vars = bert.vars.values().cloned().collect();
+        let vars = bert
+            .vars
+            .iter()
+            .filter(|(name, _)| Bert::is_trained(name, hyper.frozen_layers))
+            .map(|(_, v)| v.clone())
+            .collect();
         let optimizer = AdamW::new(
             vars,
             ParamsAdamW {
@@ -420,6 +467,7 @@ impl Trainer {
             documents,
             pairs,
             specials,
+            states: HashMap::new(),
         })
     }
 
@@ -528,6 +576,105 @@ impl Trainer {
         Ok(vecs)
     }
 
+    /// The frozen layers' output (tokens, hidden) of each keyed row: cached, or computed in
+    /// length-sorted chunks and cached.
+    fn frozen_states(&mut self, rows: &[(Text, &Row)]) -> Result<Vec<Tensor>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut missing: Vec<usize> = (0..rows.len())
+            .filter(|&i| !self.states.contains_key(&rows[i].0) && seen.insert(rows[i].0))
+            .collect();
+        missing.sort_by_key(|&i| (rows[i].1 .0.len(), i));
+        let frozen = self.hyper.frozen_layers;
+        for chunk in missing.chunks(64) {
+            let refs: Vec<&Row> = chunk.iter().map(|&i| rows[i].1).collect();
+            let b = self.batch(&refs)?;
+            let x = self.bert.frozen(&b.ids, None, &b.mask, frozen)?;
+            for (j, &i) in chunk.iter().enumerate() {
+                // A fresh tensor of the text's own tokens: a narrowed view (or candle's
+                // `copy`, which clones the whole storage) would keep the padded batch alive.
+                let n = rows[i].1 .0.len();
+                let values = x.get(j)?.narrow(0, 0, n)?.to_vec2::<f32>()?;
+                let state = Tensor::from_vec(values.concat(), (n, x.dim(2)?), x.device())?;
+                self.states.insert(rows[i].0, state);
+            }
+        }
+        Ok(rows.iter().map(|(k, _)| self.states[k].clone()).collect())
+    }
+
+    /// Per-row states (tokens, hidden) padded with zeros into (B, L, hidden), and their mask.
+    fn stack_states(&self, states: &[Tensor]) -> Result<(Tensor, Tensor)> {
+        let h = self.bert.config.hidden_size;
+        let d = &self.bert.device;
+        let l = states
+            .iter()
+            .map(|s| s.dim(0))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let longest = l.iter().copied().max().unwrap_or(1);
+        let mut padded = Vec::with_capacity(states.len());
+        let mut mask = Vec::with_capacity(states.len() * longest);
+        for (s, &n) in states.iter().zip(&l) {
+            padded.push(if n < longest {
+                Tensor::cat(&[s, &Tensor::zeros((longest - n, h), DType::F32, d)?], 0)?
+            } else {
+                s.clone()
+            });
+            mask.extend(std::iter::repeat_n(1f32, n));
+            mask.extend(std::iter::repeat_n(0f32, longest - n));
+        }
+        Ok((
+            Tensor::stack(&padded, 0)?,
+            Tensor::from_vec(mask, (states.len(), longest), d)?,
+        ))
+    }
+
+    /// Embeddings (B, hidden) of keyed rows through the cached frozen layers and the trained
+    /// ones above them; dropout on when `train`.
+    fn embed_keyed(&mut self, rows: &[(Text, &Row)], train: bool) -> Result<Tensor> {
+        let states = self.frozen_states(rows)?;
+        let p = if train { self.hyper.dropout } else { 0.0 };
+        // Rows of similar length run together: padding costs the attention its square.
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&i| (rows[i].1 .0.len(), i));
+        let mut parts = Vec::new();
+        for chunk in order.chunks(BUCKET_ROWS) {
+            let group: Vec<Tensor> = chunk.iter().map(|&i| states[i].clone()).collect();
+            let (x, mask) = self.stack_states(&group)?;
+            let mut rng = train.then_some(&mut self.rng);
+            let y = self
+                .bert
+                .upper(&x, &mask, self.hyper.frozen_layers, p, &mut rng)?;
+            parts.push(Bert::pool(&y, &mask)?);
+        }
+        let sorted = Tensor::cat(&parts, 0)?;
+        // Back to the rows' own order.
+        let mut back = vec![0u32; rows.len()];
+        for (pos, &i) in order.iter().enumerate() {
+            back[i] = pos as u32;
+        }
+        let back = Tensor::from_vec(back, rows.len(), &self.bert.device)?;
+        Ok(sorted.index_select(&back, 0)?)
+    }
+
+    /// Embeddings of keyed rows without dropout or gradients, in length-sorted chunks:
+    /// through the cache when layers are frozen.
+    fn embed_all(&mut self, rows: &[(Text, Row)]) -> Result<Vec<Vec<f32>>> {
+        if self.hyper.frozen_layers == 0 {
+            let plain: Vec<Row> = rows.iter().map(|(_, r)| r.clone()).collect();
+            return self.embed_rows(&plain);
+        }
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&i| rows[i].1 .0.len());
+        let mut vecs = vec![Vec::new(); rows.len()];
+        for chunk in order.chunks(64) {
+            let keyed: Vec<(Text, &Row)> = chunk.iter().map(|&i| (rows[i].0, &rows[i].1)).collect();
+            let e = self.embed_keyed(&keyed, false)?.detach().to_vec2::<f32>()?;
+            for (&i, v) in chunk.iter().zip(e) {
+                vecs[i] = v;
+            }
+        }
+        Ok(vecs)
+    }
+
     /// Sentence embeddings of `texts` by the current weights (no dropout), each read as the
     /// engine reads a tool: what the saved bi-encoder will compute.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
@@ -565,9 +712,11 @@ impl Trainer {
         let doc_rows = self
             .documents
             .iter()
-            .map(|d| self.single_row(d, false))
+            .enumerate()
+            .map(|(j, d)| Ok((Text::Doc(j as u32), self.single_row(d, false)?)))
             .collect::<Result<Vec<_>>>()?;
-        let docs = self.embed_rows(&doc_rows)?;
+        let docs = self.embed_all(&doc_rows)?;
+        drop(doc_rows);
         let n = self.examples.len();
         for start in (0..n).step_by(256) {
             let end = (start + 256).min(n);
@@ -577,15 +726,27 @@ impl Trainer {
             }
             let rows = cases
                 .iter()
-                .map(|e| self.single_row(&self.encode(&e.query)?, true))
+                .enumerate()
+                .map(|(o, e)| {
+                    let key = Text::Query((start + o) as u32);
+                    Ok((key, self.single_row(&self.encode(&e.query)?, true)?))
+                })
                 .collect::<Result<Vec<_>>>()?;
-            let queries = self.embed_rows(&rows)?;
+            let queries = self.embed_all(&rows)?;
             for (offset, (q, case)) in queries.iter().zip(&cases).enumerate() {
-                let mut ranked: Vec<(f32, usize)> = docs
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| !case.positives.contains(j))
-                    .map(|(j, d)| (q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>(), j))
+                // Among the tools the case was offered, when it says which.
+                let offered: Vec<usize> = if case.candidates.is_empty() {
+                    (0..docs.len()).collect()
+                } else {
+                    case.candidates.clone()
+                };
+                let mut ranked: Vec<(f32, usize)> = offered
+                    .into_iter()
+                    .filter(|j| !case.positives.contains(j))
+                    .map(|j| {
+                        let d = &docs[j];
+                        (q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>(), j)
+                    })
                     .collect();
                 ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
                 self.hard[start + offset] =
@@ -713,11 +874,26 @@ impl Trainer {
             .iter()
             .map(|&d| self.single_row(&self.documents[d], false))
             .collect::<Result<Vec<_>>>()?;
-        let qb = self.batch(&q_rows.iter().collect::<Vec<_>>())?;
-        let db = self.batch(&d_rows.iter().collect::<Vec<_>>())?;
-        let p = self.hyper.dropout;
-        let q = self.bert.embed(&qb.ids, &qb.mask, p, Some(&mut self.rng))?;
-        let d = self.bert.embed(&db.ids, &db.mask, p, Some(&mut self.rng))?;
+        let (q, d) = if self.hyper.frozen_layers > 0 {
+            let qk: Vec<(Text, &Row)> = batch
+                .iter()
+                .zip(&q_rows)
+                .map(|(&(e, _), r)| (Text::Query(e), r))
+                .collect();
+            let dk: Vec<(Text, &Row)> = docs
+                .iter()
+                .zip(&d_rows)
+                .map(|(&d, r)| (Text::Doc(d as u32), r))
+                .collect();
+            (self.embed_keyed(&qk, true)?, self.embed_keyed(&dk, true)?)
+        } else {
+            let qb = self.batch(&q_rows.iter().collect::<Vec<_>>())?;
+            let db = self.batch(&d_rows.iter().collect::<Vec<_>>())?;
+            let p = self.hyper.dropout;
+            let q = self.bert.embed(&qb.ids, &qb.mask, p, Some(&mut self.rng))?;
+            let d = self.bert.embed(&db.ids, &db.mask, p, Some(&mut self.rng))?;
+            (q, d)
+        };
         let device = &self.bert.device;
         let mask = Tensor::from_vec(mask, (n, docs.len()), device)?;
         let logits = ((q.matmul(&d.t()?)? * self.hyper.scale)? + mask)?;
@@ -761,9 +937,17 @@ impl Trainer {
             .collect::<Result<Vec<_>>>()?;
         let b = self.batch(&rows.iter().collect::<Vec<_>>())?;
         let p = self.hyper.dropout;
-        let z = self
-            .bert
-            .classify(&b.ids, &b.types, &b.mask, p, Some(&mut self.rng))?;
+        let frozen = self.hyper.frozen_layers;
+        let z = if frozen > 0 {
+            // Pairs rarely repeat, so the frozen layers' output is not cached here.
+            let x = self.bert.frozen(&b.ids, Some(&b.types), &b.mask, frozen)?;
+            let mut rng = Some(&mut self.rng);
+            let y = self.bert.upper(&x, &b.mask, frozen, p, &mut rng)?;
+            self.bert.logit(&y, p, rng)?
+        } else {
+            self.bert
+                .classify(&b.ids, &b.types, &b.mask, p, Some(&mut self.rng))?
+        };
         let labels: Vec<f32> = items.iter().map(|i| i.2).collect();
         let y = Tensor::from_vec(labels, items.len(), &self.bert.device)?;
         // BCE with logits, stably: max(z, 0) - z·y + log(1 + exp(-|z|)).
@@ -1000,6 +1184,7 @@ mod tests {
                 .map(|(i, (n, _))| Example {
                     query: format!("please help me with {n} now"),
                     positives: vec![i],
+                    candidates: Vec::new(),
                 })
                 .collect(),
         }
@@ -1255,14 +1440,17 @@ mod tests {
             Example {
                 query: "user: météo à Zürich ✓".into(),
                 positives: vec![3, 1],
+                candidates: vec![1, 3, 4, 6],
             },
             Example {
                 query: String::new(),
                 positives: vec![0],
+                candidates: Vec::new(),
             },
             Example {
                 query: "x\ny".into(),
                 positives: vec![7, 8, 9],
+                candidates: vec![9, 8, 7, 0],
             },
         ];
         let mut spool = ExampleSpool::create(&path).unwrap();
@@ -1321,6 +1509,87 @@ mod tests {
             differs |= va != vc;
         }
         assert!(differs, "another seed should give other weights");
+    }
+
+    #[test]
+    fn frozen_layers_keep_the_base_and_train_the_rest() {
+        let base = Trainer::new(&fixture(), data(), hyper(5, 1), &Device::Cpu)
+            .unwrap()
+            .weights()
+            .unwrap();
+        let frozen = |seed| {
+            let mut h = hyper(seed, 6);
+            h.frozen_layers = 1;
+            let mut t = Trainer::new(&fixture(), data(), h, &Device::Cpu).unwrap();
+            let losses = run_epochs(&mut t, 6);
+            (t, losses)
+        };
+        let (mut t, losses) = frozen(5);
+        assert!(
+            losses.last().unwrap() < &(0.7 * losses[0]),
+            "loss per epoch: {losses:?}"
+        );
+        let after = t.weights().unwrap();
+        let same = |name: &str| {
+            let a = base[name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let b = after[name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            a == b
+        };
+        for name in base.keys() {
+            let trained = name.starts_with("encoder.layer.1.");
+            assert_eq!(same(name), !trained, "{name}");
+        }
+        // The cached path (frozen states reused) computes what the whole encoder computes.
+        let d = data();
+        let rows: Vec<(Text, Row)> = d
+            .documents
+            .iter()
+            .enumerate()
+            .map(|(j, text)| {
+                let row = t.single_row(&t.encode(text).unwrap(), false).unwrap();
+                (Text::Doc(j as u32), row)
+            })
+            .collect();
+        let cached = t.embed_all(&rows).unwrap();
+        let docs: Vec<&str> = d.documents.iter().map(String::as_str).collect();
+        let whole = t.embed(&docs).unwrap();
+        for (a, b) in cached.iter().zip(&whole) {
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+            }
+        }
+        // The same seed gives the same weights with frozen layers too.
+        let again = frozen(5).0.weights().unwrap();
+        for (name, ta) in &after {
+            let va = ta.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let vb = again[name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(va, vb, "{name}");
+        }
+        let mut h = hyper(5, 1);
+        h.frozen_layers = 2;
+        let err = Trainer::new(&fixture(), data(), h, &Device::Cpu)
+            .err()
+            .unwrap();
+        assert!(err.to_string().starts_with("--freeze-layers"), "{err}");
+    }
+
+    #[test]
+    fn hard_negatives_come_from_the_cases_own_tools() {
+        let mut d = data();
+        // Case 0 was offered its own tool and tools 5 and 6 only.
+        d.examples[0].candidates = vec![0, 5, 6];
+        let mut h = hyper(2, 1);
+        h.hard_negative_pool = 8;
+        let mut t = Trainer::new(&fixture(), d, h, &Device::Cpu).unwrap();
+        t.mine_hard_negatives().unwrap();
+        let mut pool = t.hard[0].clone();
+        pool.sort_unstable();
+        assert_eq!(pool, vec![5, 6]);
+        assert_eq!(
+            t.hard[1].len(),
+            7,
+            "a case without candidates ranks every tool"
+        );
     }
 
     #[test]
