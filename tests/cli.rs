@@ -44,18 +44,45 @@ fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {
         names.len() < all.len() / 2,
         "the filter must filter: {names:?}"
     );
-    // The follow-up asks for an email too: the default model does not pass it at 0.5 yet, but
-    // ranks it above most tools.
+    // The follow-up asks for an email too: the trained default model ranks it first of the
+    // tools it is asked about, at about 0.5 (0.497 measured), and passes it when the filter is
+    // asked for a miss rate rather than a threshold.
     let p = |name: &str| {
         asked.iter().find(|s| s["name"] == name).unwrap()["probability"]
             .as_f64()
             .unwrap()
     };
-    let below = asked
+    assert!(
+        asked
+            .iter()
+            .all(|s| s["name"] == "send_email"
+                || s["probability"].as_f64().unwrap() < p("send_email")),
+        "send_email is not the most probable tool: {v}"
+    );
+    assert!(p("send_email") > 0.4, "{v}");
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--messages",
+        "examples/conversation.json",
+        "--target-recall",
+        "0.9",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let names: Vec<&str> = v["selected"]
+        .as_array()
+        .unwrap()
         .iter()
-        .filter(|s| s["probability"].as_f64().unwrap() < p("send_email"))
-        .count();
-    assert!(below > asked.len() * 3 / 4, "send_email ranks too low: {v}");
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"get_forecast") && names.contains(&"send_email"),
+        "{names:?}"
+    );
+    assert!(names.len() <= 4, "the filter must filter: {names:?}");
 }
 
 #[test]
@@ -532,7 +559,7 @@ fn eval_reports_every_metric_in_range() {
     // Every tool of every case is asked about: 4 cases × 5 tools.
     assert_eq!(v["pairs"], 20, "{v}");
     assert_eq!(v["threshold"], 0.5, "{v}");
-    assert_eq!(v["model"], "all-MiniLM-L6-v2", "{v}");
+    assert_eq!(v["model"], "decide-tools-minilm", "{v}");
     for key in [
         "top1_accuracy",
         "recall_at_1",

@@ -226,7 +226,7 @@ fn a_cross_encoder_trains_from_the_default_bi_encoder_and_reranks_its_shortlist(
     assert!(o.status.success(), "{err}");
     assert!(err.contains("training a cross-encoder"), "{err}");
     assert!(
-        err.contains("(reranking all-MiniLM-L6-v2's top 3) recall@5"),
+        err.contains("(reranking decide-tools-minilm's top 3) recall@5"),
         "{err}"
     );
     let stdout = String::from_utf8_lossy(&o.stdout);

@@ -277,7 +277,8 @@ def template(args) -> str:
         f"scripts/train-tool-model reproduces {delta_name} and this manifest from the data.",
         "The calibration and the conformal table were fitted by `decide calibrate` on held-out "
         "cases only: the cases of the tools held out from training, plus "
-        "crates/decide-eval/data/own/tune.jsonl (select.jsonl of scripts/tooldata/prepare.py); "
+        "crates/decide-eval/data/own/tune.jsonl (select.jsonl of scripts/tooldata/prepare.py), "
+        "and the hand-written MCP conversations of models/calibration/tools.jsonl; "
         "never on the report parts.",
     ]
     head = []

@@ -389,6 +389,11 @@ pub struct ChatArgs {
     /// Send each LLM call only the MCP tools the decision model finds relevant.
     #[arg(long)]
     pub filter: bool,
+    /// With --filter: pass on the fewest tools that keep at least this share of the needed ones
+    /// (the model's conformal table, as `decide select --target-recall`) instead of every tool
+    /// of probability 0.5 or more.
+    #[arg(long, value_name = "R", requires = "filter")]
+    pub target_recall: Option<f64>,
     /// Routes ({"default", "routes": [{"name", "description"}]}) whose names are models at --base-url; the decision
     /// model picks one per call.
     #[arg(long, value_name = "ROUTES.json")]

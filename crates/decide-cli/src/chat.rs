@@ -60,19 +60,31 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
         tools.extend(server.provide_tools(&empty)?.tools);
     }
 
-    let decisions: Option<Arc<dyn DecisionModel>> = if args.filter || args.routes.is_some() {
-        Some(Arc::new(global.engine(false)?))
+    let engine = if args.filter || args.routes.is_some() {
+        Some(global.engine(false)?)
     } else {
         None
     };
+    let conformal = engine.as_ref().and_then(|e| e.conformal().cloned());
+    let decisions: Option<Arc<dyn DecisionModel>> =
+        engine.map(|e| Arc::new(e) as Arc<dyn DecisionModel>);
 
     let provider: Option<Arc<dyn ToolProvider>> = if tools.is_empty() {
         None
     } else if let (true, Some(decisions)) = (args.filter, &decisions) {
-        let filter = FilteringToolProvider::builder()
+        let mut filter = FilteringToolProvider::builder()
             .tool_provider(Arc::new(StaticToolProvider::new(tools)))
-            .decision_model(Arc::clone(decisions))
-            .build()?;
+            .decision_model(Arc::clone(decisions));
+        if let Some(r) = args.target_recall {
+            let Some(table) = &conformal else {
+                bail!(
+                    "--target-recall: model {} has no conformal calibration; run decide calibrate on held-out cases first",
+                    global.model
+                );
+            };
+            filter = filter.target_recall(r, table);
+        }
+        let filter = filter.build()?;
         Some(Arc::new(filter))
     } else {
         Some(Arc::new(StaticToolProvider::new(tools)))

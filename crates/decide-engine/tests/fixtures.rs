@@ -158,7 +158,11 @@ fn minilm_embeddings_match_sentence_transformers() {
     let expected: Vec<Vec<f64>> = serde_json::from_value(r["embeddings"].clone()).unwrap();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     for device in devices() {
-        let engine = Engine::builder().device(device).build().unwrap();
+        let engine = Engine::builder()
+            .model(decide_engine::BASE_MODEL)
+            .device(device)
+            .build()
+            .unwrap();
         let got = engine.embed(&refs).unwrap();
         for (i, (g, w)) in got.iter().zip(&expected).enumerate() {
             assert_eq!(g.len(), w.len());

@@ -425,9 +425,7 @@ fn a_request_for_another_model_is_refused() {
     let err = engine().decide(&request).unwrap_err().to_string();
     assert!(err.contains("asks for model 'gpt-6-luna'"), "{err}");
     let by_id = tool_request("Will it rain?").with_parameters(
-        decide_contract::DecisionRequestParameters::for_model(
-            "sentence-transformers/all-MiniLM-L6-v2",
-        ),
+        decide_contract::DecisionRequestParameters::for_model("decide/decide-tools-minilm"),
     );
     assert!(engine().decide(&by_id).is_ok());
 }

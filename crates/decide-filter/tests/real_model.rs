@@ -1,4 +1,4 @@
-//! The filter with the real default model (all-MiniLM-L6-v2, fetched by `models/fetch`) over
+//! The filter with the real default model (decide-tools-minilm, built by `models/fetch`) over
 //! a catalogue of 48 tools from real MCP servers' `tools/list`, with hand-written requests:
 //! single-turn ones and follow-ups that only make sense with the earlier turns.
 //!

@@ -10,7 +10,7 @@
 //! * `DECIDE_MODEL`: the model; `DECIDE_SMALL_MODEL` / `DECIDE_LARGE_MODEL` route simple and complex requests to
 //!   different models (both default to `DECIDE_MODEL`).
 //! * `DECIDE_API_KEY`: the API key, if the server wants one.
-//! * `DECIDE_DECISION_MODEL`: the local decision model (default: the engine's default, `all-MiniLM-L6-v2`).
+//! * `DECIDE_DECISION_MODEL`: the local decision model (default: the engine's default, `decide-tools-minilm`).
 //!
 //! It prints, for every LLM call, the route the router chose and the tools the call received.
 

@@ -1,4 +1,4 @@
-//! The router with the real default model (all-MiniLM-L6-v2, fetched by `models/fetch`) over three routes with
+//! The router with the real default model (decide-tools-minilm, built by `models/fetch`) over three routes with
 //! realistic descriptions (small talk and short facts; code; images) and hand-written requests in
 //! `tests/data/routing.jsonl`: single messages, follow-ups that only make sense with the earlier turns ("yes, go
 //! ahead" after a code discussion), and image attachments.

@@ -1,4 +1,4 @@
-//! The server over the real default model (all-MiniLM-L6-v2, installed by `models/fetch`),
+//! The server over the real default model (decide-tools-minilm, built by `models/fetch`),
 //! loaded once for this test binary: answers equal the embedded engine's, malformed bodies
 //! get a 400 naming the field, the limits answer as documented, and concurrent requests are
 //! batched with unchanged answers.
@@ -827,11 +827,19 @@ async fn select_answers_like_the_filter_over_the_engine() {
     assert_eq!(got["error"]["param"], "min_probability", "{got}");
 }
 
-/// The default model with a conformal table in its manifest: the files linked from the real
-/// folder into a scratch one, the manifest copied with `[conformal]` added. n = 4, so R = 0.6
-/// gives k = ⌊0.4 · 5⌋ = 2 and the threshold 0.4.
+/// The base model, which has no conformal table.
+fn base_engine() -> Engine {
+    Engine::builder()
+        .model(decide_engine::BASE_MODEL)
+        .build()
+        .expect("run models/fetch first")
+}
+
+/// The base model with a conformal table in its manifest: the files linked from the real folder
+/// into a scratch one, the manifest copied with `[conformal]` added. n = 4, so R = 0.6 gives
+/// k = ⌊0.4 · 5⌋ = 2 and the threshold 0.4.
 fn engine_with_conformal() -> Engine {
-    let src = engine().info().dir.clone();
+    let src = base_engine().info().dir.clone();
     let dir = std::env::temp_dir().join(format!("decide-server-conformal-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -858,9 +866,9 @@ fn engine_with_conformal() -> Engine {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn select_takes_a_target_recall_from_the_conformal_table() {
     let text = "Will it rain in Oslo tomorrow?";
-    // The default model has no table: 400 naming the field.
+    // A model without a table: 400 naming the field.
     let (status, got) = post(
-        &app(),
+        &router(AppState::new(base_engine(), ServerConfig::default()).unwrap()),
         "/v1/select",
         json!({"text": text, "tools": tools(), "target_recall": 0.9}),
     )
