@@ -19,7 +19,7 @@ use serde_json::Value;
 
 const DEFAULT_ROUTE: &str = "simple";
 /// The fewest requests of `routing.jsonl` that must reach their route; see the measurement below.
-const FLOOR: usize = 28;
+const FLOOR: usize = 27;
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -117,9 +117,11 @@ fn realistic_requests_reach_their_route() {
         cases.len(),
         accuracy * 100.0
     );
-    // Measured: 30 of 34 (88.2%) on CPU: every image request (11 of 11), 10 of 11 small-talk and fact requests
-    // (r07, the boiling point in Fahrenheit, goes to code), 9 of 12 code requests (r15, a CORS error, goes to
-    // simple; so do the follow-ups r20 "please do" and r23 "now add a health check endpoint").
+    // Measured with the trained default, decide-tools-minilm: 28 of 34 (82.4%) on CPU: every image request (11 of
+    // 11), 9 of 11 small-talk and fact requests (r06 and r07, the boiling point in Fahrenheit, go to code), 8 of 12
+    // code requests (r15, a CORS error, goes to simple; so do the follow-ups r20 "please do", r22 and r23 "now add a
+    // health check endpoint"). all-MiniLM-L6-v2, which it was trained from, measured 30 of 34: its training data
+    // holds tool-selection cases only, none of routing.
     assert!(
         correct >= FLOOR,
         "only {correct} of {} requests reached their route",
