@@ -182,6 +182,28 @@ def pick_others(rng: random.Random, pool: list[str], exclude: set[str], k: int) 
     return out
 
 
+def admit(case, by_name, seen_conversations, eval_keys, skipped):
+    """The case's expected tools, each once, or None (counted in `skipped`) for a case that needs
+    none, names a tool its catalogue lacks, repeats a conversation already taken, or is one of the
+    evaluation sets' conversations."""
+    expected = unique(case["expected"])
+    if not expected:
+        skipped["empty_expected"] += 1
+        return None
+    if any(n not in by_name for n in expected):
+        skipped["unknown_tool"] += 1
+        return None
+    key = conversation_key(case["messages"])
+    if key in seen_conversations:
+        skipped["duplicate_conversation"] += 1
+        return None
+    seen_conversations.add(key)
+    if key in eval_keys:
+        skipped["eval_overlap"] += 1
+        return None
+    return expected
+
+
 def line(case_id, messages, tools_by_name, names, expected, source=None) -> dict:
     obj = {
         "id": case_id,
@@ -241,20 +263,8 @@ def main(argv: list[str]) -> int:
 
         kept = []
         for c in cases:
-            expected = unique(c["expected"])
-            if not expected:
-                skipped["empty_expected"] += 1
-                continue
-            if any(n not in by_name for n in expected):
-                skipped["unknown_tool"] += 1
-                continue
-            key = conversation_key(c["messages"])
-            if key in seen_conversations:
-                skipped["duplicate_conversation"] += 1
-                continue
-            seen_conversations.add(key)
-            if key in eval_keys:
-                skipped["eval_overlap"] += 1
+            expected = admit(c, by_name, seen_conversations, eval_keys, skipped)
+            if expected is None:
                 continue
             candidates = [n for n in c.get("candidates") or [] if n in by_name]
             kept.append({"id": c["id"], "messages": c["messages"], "expected": expected,
@@ -355,20 +365,8 @@ def main(argv: list[str]) -> int:
     skipped = {"empty_expected": 0, "unknown_tool": 0, "duplicate_conversation": 0, "eval_overlap": 0}
     n_cases = pairs = 0
     for c in cases:
-        expected = unique(c["expected"])
-        if not expected:
-            skipped["empty_expected"] += 1
-            continue
-        if any(n not in by_name for n in expected):
-            skipped["unknown_tool"] += 1
-            continue
-        key = conversation_key(c["messages"])
-        if key in seen_conversations:
-            skipped["duplicate_conversation"] += 1
-            continue
-        seen_conversations.add(key)
-        if key in eval_keys:
-            skipped["eval_overlap"] += 1
+        expected = admit(c, by_name, seen_conversations, eval_keys, skipped)
+        if expected is None:
             continue
         chosen = expected + pick_others(rng, names, set(expected), LIVEMCPBENCH_NEGATIVES)
         rng.shuffle(chosen)
