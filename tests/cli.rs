@@ -215,6 +215,20 @@ fn non_utf8_input_is_refused() {
     assert_one_line_error(&o, "not UTF-8");
 }
 
+/// The files under `dir`, one level of folders deep.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 #[test]
 fn a_model_folder_with_a_missing_file_is_named() {
     let t = TempDir::new("model");
@@ -231,6 +245,24 @@ fn a_model_folder_with_a_missing_file_is_named() {
         "hi",
     ]);
     assert_one_line_error(&o, "missing tokenizer.json");
+    // A built model's folder without its weights says which command builds them.
+    let src = root().join("models/decide-tools-minilm");
+    std::fs::create_dir_all(t.0.join("1_Pooling")).unwrap();
+    for entry in walk(&src) {
+        let name = entry.strip_prefix(&src).unwrap();
+        if name != Path::new("model.safetensors") {
+            std::fs::copy(&entry, t.0.join(name)).unwrap();
+        }
+    }
+    let o = decide(&[
+        "--model",
+        t.0.to_str().unwrap(),
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "hi",
+    ]);
+    assert_one_line_error(&o, "run models/fetch");
 }
 
 #[test]

@@ -447,7 +447,15 @@ impl Engine {
             .find(|p| p.is_file())
             .ok_or_else(|| EngineError::MissingFile {
                 dir: dir.clone(),
-                file: "model.safetensors (or pytorch_model.bin)".into(),
+                file: match location.manifest.as_ref().and_then(|m| m.build.as_ref()) {
+                    // A model built from its base and committed trained layers has no file to
+                    // download: say which command builds it.
+                    Some(build) => format!(
+                        "model.safetensors (built from {} by models/fetch: run models/fetch)",
+                        build.base
+                    ),
+                    None => "model.safetensors (or pytorch_model.bin)".into(),
+                },
             })?;
         let vb = if weights.extension().is_some_and(|e| e == "safetensors") {
             // SAFETY: the file is memory-mapped read-only; like every mmap-based loader this
