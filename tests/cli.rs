@@ -236,15 +236,17 @@ fn a_model_folder_with_a_missing_file_is_named() {
         "config.json",
         std::fs::read(root().join("models/all-MiniLM-L6-v2/config.json")).unwrap(),
     );
-    let o = decide(&[
-        "--model",
-        t.0.to_str().unwrap(),
-        "select",
-        "--tools",
-        "examples/tools.json",
-        "hi",
-    ]);
-    assert_one_line_error(&o, "missing tokenizer.json");
+    let select = || {
+        decide(&[
+            "--model",
+            t.0.to_str().unwrap(),
+            "select",
+            "--tools",
+            "examples/tools.json",
+            "hi",
+        ])
+    };
+    assert_one_line_error(&select(), "missing tokenizer.json");
     // A built model's folder without its weights says which command builds them.
     let src = root().join("models/decide-tools-minilm");
     std::fs::create_dir_all(t.0.join("1_Pooling")).unwrap();
@@ -254,15 +256,7 @@ fn a_model_folder_with_a_missing_file_is_named() {
             std::fs::copy(&entry, t.0.join(name)).unwrap();
         }
     }
-    let o = decide(&[
-        "--model",
-        t.0.to_str().unwrap(),
-        "select",
-        "--tools",
-        "examples/tools.json",
-        "hi",
-    ]);
-    assert_one_line_error(&o, "run models/fetch");
+    assert_one_line_error(&select(), "run models/fetch");
 }
 
 #[test]
