@@ -65,7 +65,10 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let conformal = engine.as_ref().and_then(|e| e.conformal().cloned());
+    let conformal = match (args.target_recall, &engine) {
+        (Some(_), Some(e)) => Some(e.require_conformal().context("--target-recall")?.clone()),
+        _ => None,
+    };
     let decisions: Option<Arc<dyn DecisionModel>> =
         engine.map(|e| Arc::new(e) as Arc<dyn DecisionModel>);
 
@@ -75,13 +78,7 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
         let mut filter = FilteringToolProvider::builder()
             .tool_provider(Arc::new(StaticToolProvider::new(tools)))
             .decision_model(Arc::clone(decisions));
-        if let Some(r) = args.target_recall {
-            let Some(table) = &conformal else {
-                bail!(
-                    "--target-recall: model {} has no conformal calibration; run decide calibrate on held-out cases first",
-                    global.model
-                );
-            };
+        if let (Some(r), Some(table)) = (args.target_recall, &conformal) {
             filter = filter.target_recall(r, table);
         }
         let filter = filter.build()?;

@@ -92,6 +92,12 @@ impl Decider {
         }
     }
 
+    /// The conformal table, or an error naming the model and the command that adds one.
+    pub fn require_conformal(&self) -> Result<&Conformal, decide_engine::EngineError> {
+        self.conformal()
+            .ok_or_else(|| decide_engine::EngineError::NoConformal { model: self.name() })
+    }
+
     /// The raw scores behind the yes/no answers of `request`, before calibration.
     pub fn yes_no_scores(
         &self,

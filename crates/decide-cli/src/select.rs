@@ -42,13 +42,7 @@ pub fn build_filter(
             bail!("--target-recall: replaces --min-probability: give one of them, not both")
         }
         (_, Some(r)) => {
-            let Some(conformal) = engine.conformal() else {
-                bail!(
-                    "--target-recall: model {} has no conformal calibration; run decide calibrate \
-                     --data CASES.jsonl --tools TOOLS.json on held-out labelled cases to add one",
-                    engine.name()
-                );
-            };
+            let conformal = engine.require_conformal().context("--target-recall")?;
             builder = builder.target_recall(r, conformal);
         }
         (Some(p), None) => builder = builder.min_probability(p),

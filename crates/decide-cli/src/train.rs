@@ -388,7 +388,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let mut saved_epoch = None;
     // Without a terminal (a log file, CI) the bar is hidden: a line every 5% of the run
     // says how far it is instead.
-    let log_every = (trainer.total_steps() / 20).max(1);
+    let log_every = (trainer_steps / 20).max(1);
     let log_lines = bar.is_hidden();
     let mut training_time = std::time::Duration::ZERO;
     let mut pairs_trained = 0u64;

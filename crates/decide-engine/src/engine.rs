@@ -764,6 +764,14 @@ impl Engine {
         self.inner.info.conformal.as_ref()
     }
 
+    /// The conformal table ([`conformal`](Self::conformal)), or an error naming the model and
+    /// the command that adds one.
+    pub fn require_conformal(&self) -> Result<&Conformal> {
+        self.conformal().ok_or_else(|| EngineError::NoConformal {
+            model: self.inner.info.name.clone(),
+        })
+    }
+
     /// The calibration, or an error naming the model when it has none.
     pub fn calibration(&self) -> Result<Calibration> {
         self.inner

@@ -49,6 +49,14 @@ pub enum EngineError {
         /// How to get one.
         hint: String,
     },
+    /// A target recall was asked of a model whose manifest has no conformal table.
+    #[error(
+        "model {model} has no conformal calibration; run decide calibrate on held-out labelled cases to add one"
+    )]
+    NoConformal {
+        /// The model's name.
+        model: String,
+    },
     /// A device string that does not parse, or a device this build or machine cannot use.
     #[error("device '{device}': {message}")]
     Device {

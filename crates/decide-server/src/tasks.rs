@@ -192,15 +192,9 @@ pub(crate) async fn select(
         }
         if let Some(r) = number(&body, "target_recall")? {
             let engine = state.inner.model.engine();
-            let Some(conformal) = engine.conformal() else {
-                return Err(bad(
-                    "target_recall",
-                    format!(
-                        "model {} has no conformal calibration; run decide calibrate on held-out labelled cases to add one",
-                        engine.info().name
-                    ),
-                ));
-            };
+            let conformal = engine
+                .require_conformal()
+                .map_err(|e| bad("target_recall", e.to_string()))?;
             builder = builder.target_recall(r, conformal);
         }
         if let Some(k) = count(&body, "max_results")? {

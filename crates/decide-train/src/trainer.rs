@@ -556,13 +556,13 @@ impl Trainer {
     }
 
     /// Embeddings of token rows without dropout or gradients, in chunks.
-    fn embed_rows(&self, rows: &[Row]) -> Result<Vec<Vec<f32>>> {
+    fn embed_rows(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>> {
         // Sorting by length keeps padding, hence work, small.
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_by_key(|&i| rows[i].0.len());
         let mut vecs = vec![Vec::new(); rows.len()];
         for chunk in order.chunks(64) {
-            let refs: Vec<&Row> = chunk.iter().map(|&i| &rows[i]).collect();
+            let refs: Vec<&Row> = chunk.iter().map(|&i| rows[i]).collect();
             let b = self.batch(&refs)?;
             let e = self
                 .bert
@@ -659,7 +659,7 @@ impl Trainer {
     /// through the cache when layers are frozen.
     fn embed_all(&mut self, rows: &[(Text, Row)]) -> Result<Vec<Vec<f32>>> {
         if self.hyper.frozen_layers == 0 {
-            let plain: Vec<Row> = rows.iter().map(|(_, r)| r.clone()).collect();
+            let plain: Vec<&Row> = rows.iter().map(|(_, r)| r).collect();
             return self.embed_rows(&plain);
         }
         let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -682,7 +682,7 @@ impl Trainer {
             .iter()
             .map(|t| self.single_row(&self.encode(t)?, false))
             .collect::<Result<Vec<_>>>()?;
-        self.embed_rows(&rows)
+        self.embed_rows(&rows.iter().collect::<Vec<_>>())
     }
 
     /// The cross-encoder's logit for each (query, tool) pair by the current weights (no
