@@ -2,7 +2,7 @@
 """Turns the public tool-selection data into training and held-out files for `decide train`.
 
 Reads the four converted public sets in `--tooldata` (metatool, sealtools, apibank,
-stabletoolbench: `examples.jsonl`, `catalogue.json`, `LICENSE` each; see its README.md) and the
+stabletoolbench: `examples.jsonl`, `catalogue.json`, `LICENSE` each; see docs/training.md) and the
 project's own tuning parts in `--eval-data`, and writes to `--out`:
 
 - `train.jsonl`: training cases, one `{"id", "messages", "tools", "expected"}` object a line, the
@@ -218,7 +218,7 @@ def line(case_id, messages, tools_by_name, names, expected, source=None) -> dict
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tooldata", required=True, help="the public data folder (shared/tooldata)")
+    parser.add_argument("--tooldata", required=True, help="the folder of converted public tool-selection data sets")
     parser.add_argument("--eval-data", required=True, help="crates/decide-eval/data")
     parser.add_argument("--out", required=True, help="output folder (created)")
     parser.add_argument("--seed", type=int, default=42)

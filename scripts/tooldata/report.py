@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measures tool-selection models side by side and prints the README's tables (markdown).
+"""Measures tool-selection models side by side and prints the tables of docs/models.md (markdown).
 
     python3 scripts/tooldata/report.py [--decide target/release/decide] [--data target/tool-model/data]
                                        [--json OUT.json] MODEL [MODEL ...]

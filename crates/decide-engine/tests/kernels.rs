@@ -1,5 +1,5 @@
 //! The fused CPU kernels against candle's own ops (`CpuKernels::Stock`, the reference path),
-//! whole models on the fixtures: cross-encoder logits within 1% relative (the target;
+//! whole models on the fixtures: cross-encoder logits within 1% relative (the required bound;
 //! in practice they agree to about 1e-6), bi-encoder cosine of pooled embeddings ≥ 0.9999, at
 //! every instruction-set level this CPU runs, including the portable fallback.
 

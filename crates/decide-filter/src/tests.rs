@@ -1,4 +1,4 @@
-//! One test per behaviour of the filter (issue 3, items 1 to 12), against `MockDecisionModel`.
+//! One test per documented behaviour of the filter, against `MockDecisionModel`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

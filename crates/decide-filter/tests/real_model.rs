@@ -3,7 +3,7 @@
 //! single-turn ones and follow-ups that only make sense with the earlier turns.
 //!
 //! The bounds are the quality this plain embedder measured on these cases, kept as a floor so
-//! that a regression fails; the quality issue raises them.
+//! that a regression fails; raise them when the model improves.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};

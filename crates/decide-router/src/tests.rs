@@ -1,4 +1,4 @@
-//! One test per behaviour of the router (issue 4, items 1 to 9), against `MockDecisionModel` and `MockChatModel`.
+//! One test per documented behaviour of the router, against `MockDecisionModel` and `MockChatModel`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
