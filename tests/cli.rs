@@ -866,7 +866,7 @@ fn eval_cases_out(t: &TempDir, set: &str, kernels: &str) -> Vec<serde_json::Valu
     lines
 }
 
-/// Issue 8: the fused CPU kernels decide as candle's own f32 ops do on a data set's reporting
+/// The fused CPU kernels decide as candle's own f32 ops do on a data set's reporting
 /// part: the same top-1 tool on every case, and every probability within 1e-4 (measured: under
 /// 1e-6 on all four parts of both sets, AVX-512).
 fn assert_fused_kernels_match_stock(set: &str) {

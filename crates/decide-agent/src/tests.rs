@@ -20,7 +20,7 @@ use crate::{
 // ---------------------------------------------------------------------------------------------------------------
 // The tool attributes
 
-/// The calculator of seed 001, with the Java method names.
+/// The calculator of LangChain4j's agent tutorial, with its Java method names.
 struct Calculator;
 
 #[tools]
@@ -97,13 +97,13 @@ fn record(event: String) {
 }
 
 #[test]
-fn the_calculator_specs_match_seed_001() {
+fn the_calculator_specs_match_the_tutorial() {
     let tools = Arc::new(Calculator).into_tools();
     let specs: Vec<_> = tools
         .iter()
         .map(|t| t.specification().to_openai_json()["function"].clone())
         .collect();
-    // The `functions` of the first request of seed 001, field for field.
+    // The `functions` of the tutorial's first recorded request, field for field.
     assert_eq!(
         json!(specs),
         json!([
@@ -270,7 +270,7 @@ const QUESTION: &str =
 const ANSWER: &str = "The square root of the sum of the numbers of letters in the words \"hello\" and \"world\" is approximately 3.162.";
 
 #[tokio::test]
-async fn the_calculator_conversation_of_seed_001() {
+async fn the_calculator_conversation_of_the_tutorial() {
     let model = Arc::new(scripted(vec![
         calls(&[("c1", "stringLength", "{\n \"s\": \"hello\"\n}")]),
         calls(&[("c2", "stringLength", "{\n \"s\": \"world\"\n}")]),

@@ -15,7 +15,7 @@
 //! * **Only what is set is sent.** The request JSON carries the model, the messages, the tools and the parameters
 //!   the [`ChatRequest`](decide_chat::ChatRequest) or the builder set; the server's defaults apply to everything
 //!   else, so one request works against servers that support different parameter sets. The bodies match the
-//!   transcripts of the user's documents field for field (modulo the newer `tools` wire format); the tests replay
+//!   recorded transcripts of LangChain4j and LangChain examples field for field (modulo the newer `tools` wire format); the tests replay
 //!   them against a local fake server.
 //! * **Retries where they can help.** Timeouts, transport errors, 408, 409, 429 and 5xx are retried with
 //!   exponential backoff ([`LlmError::is_retryable`]); a stream only before its first byte, since a retried stream

@@ -21,7 +21,7 @@ pub const DEFAULT_OLLAMA_URL: &str = "http://127.0.0.1:11434";
 /// A [`ChatModel`] and [`StreamingChatModel`] speaking Ollama's native `/api/chat`.
 ///
 /// Unlike the OpenAI API, tool-call arguments are JSON objects, assistant tool calls are sent back with their id and
-/// tool results refer to it with `tool_call_id`, as in the transcript of seed 004; streaming is newline-delimited
+/// tool results refer to it with `tool_call_id`, as in the recorded transcript of LangChain's Ollama tool example; streaming is newline-delimited
 /// JSON. Ollama does not always give tool calls an id, so the client makes one up (`call_…`) when it is missing, which
 /// keeps each tool result tied to its call.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
-//! The clients against a scripted server on loopback: the transcripts of seeds 001 (OpenAI) and 004 (Ollama)
-//! replayed request by request, streaming, retries, timeouts and errors.
+//! The clients against a scripted server on loopback: the recorded transcripts of LangChain4j's calculator
+//! (OpenAI) and LangChain's dog and cat experts (Ollama) replayed request by request, streaming, retries, timeouts and errors.
 
 mod fake;
 
@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------------------------------
-// Seed 001: the calculator over the OpenAI API
+// The calculator of LangChain4j's agent tutorial, over the OpenAI API
 
 struct Calculator;
 
@@ -41,9 +41,9 @@ impl Calculator {
 
 const QUESTION: &str = "What is the square root of the sum of the numbers of letters in the words \"hello\" and \"world\"";
 
-/// The last request of seed 001, as the transcript shows it (legacy `functions` format). The earlier requests are
+/// The tutorial's last recorded request, as its transcript shows it (legacy `functions` format). The earlier requests are
 /// its prefixes: the user message, then one more call and result per round.
-fn seed_001_last_request() -> Value {
+fn calculator_last_request() -> Value {
     json!({
       "model": "gpt-3.5-turbo",
       "messages": [
@@ -72,8 +72,8 @@ fn seed_001_last_request() -> Value {
     })
 }
 
-/// The five responses of seed 001 (legacy format), in order.
-fn seed_001_responses() -> Vec<Value> {
+/// The tutorial's five recorded responses (legacy format), in order.
+fn calculator_responses() -> Vec<Value> {
     let call = |name: &str, arguments: &str, prompt: u64, completion: u64| {
         json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1700030623, "model": "gpt-3.5-turbo-0613",
                "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
@@ -147,8 +147,8 @@ fn modern_response(legacy: &Value, round: usize) -> Value {
 }
 
 #[tokio::test]
-async fn seed_001_is_replayed_request_by_request() {
-    let replies = seed_001_responses()
+async fn calculator_is_replayed_request_by_request() {
+    let replies = calculator_responses()
         .iter()
         .enumerate()
         .map(|(i, r)| Reply::Json(200, modern_response(r, i + 1)))
@@ -174,7 +174,7 @@ async fn seed_001_is_replayed_request_by_request() {
 
     let requests = server.requests();
     assert_eq!(requests.len(), 5);
-    let last = modern_request(&seed_001_last_request());
+    let last = modern_request(&calculator_last_request());
     for (round, request) in requests.iter().enumerate() {
         let mut expected = last.clone();
         expected["messages"] = json!(last["messages"].as_array().unwrap()[..1 + 2 * round]);
@@ -195,7 +195,7 @@ async fn seed_001_is_replayed_request_by_request() {
 #[test]
 fn the_modern_format_helpers_are_right() {
     // The helpers the replay relies on, checked on the first turn by hand.
-    let modern = modern_request(&seed_001_last_request());
+    let modern = modern_request(&calculator_last_request());
     assert_eq!(
         modern["messages"][1],
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
@@ -488,7 +488,7 @@ async fn request_parameters_are_sent_only_when_set() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Seed 004: the dog and cat experts over Ollama's /api/chat
+// LangChain's dog and cat experts example, over Ollama's /api/chat
 
 /// A tool that helps users find information about cats.
 #[tool]
@@ -505,8 +505,8 @@ fn dog_expert(dog_category: String) -> String {
     HOUNDS.to_owned()
 }
 
-/// The tools of both requests of seed 004, as the transcript shows them.
-fn seed_004_tools() -> Value {
+/// The tools of both recorded requests of the example, as its transcript shows them.
+fn experts_tools() -> Value {
     json!([{"type": "function", "function": {"name": "cat_expert", "description": "A tool that helps users find information about cats.",
              "parameters": {"properties": {"cat_category": {"type": "string"}}, "required": ["cat_category"], "type": "object"}}},
            {"type": "function", "function": {"name": "dog_expert", "description": "A tool that helps users find information about dogs.",
@@ -539,7 +539,7 @@ fn without_langchain_defaults(mut request: Value) -> Value {
 }
 
 #[tokio::test]
-async fn seed_004_is_replayed_request_by_request() {
+async fn experts_is_replayed_request_by_request() {
     let server = FakeServer::start(vec![
         Reply::Json(200, json!({"model": "qwen2.5:14b-instruct-q8_0", "created_at": "2024-11-02T06:55:19.165983569Z",
             "message": {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "dog_expert", "arguments": {"dog_category": "Hound"}}}]},
@@ -571,7 +571,7 @@ async fn seed_004_is_replayed_request_by_request() {
 
     // The first request of the transcript.
     let first = json!({"model": "qwen2.5:14b-instruct-q8_0", "messages": [{"role": "user", "content":
-        "tell me about Hound Dogs", "images": []}], "tools": seed_004_tools(), "stream": false,
+        "tell me about Hound Dogs", "images": []}], "tools": experts_tools(), "stream": false,
         "format": "", "options": {"mirostat": null, "mirostat_eta": null, "mirostat_tau": null, "num_ctx": null,
         "num_gpu": null, "num_thread": null, "num_predict": null, "repeat_last_n": null, "repeat_penalty": null,
         "temperature": null, "seed": null, "stop": null, "tfs_z": null, "top_k": null, "top_p": null},
@@ -589,7 +589,7 @@ async fn seed_004_is_replayed_request_by_request() {
         {"role": "assistant", "content": "", "images": [], "tool_calls":
             [{"type": "function", "id": id, "function": {"name": "dog_expert", "arguments": {"dog_category": "Hound"}}}]},
         {"role": "tool", "content": HOUNDS, "images": [], "tool_call_id": id}],
-        "tools": seed_004_tools(), "stream": false, "format": ""});
+        "tools": experts_tools(), "stream": false, "format": ""});
     assert_eq!(requests[1].body, without_langchain_defaults(second));
     assert_eq!(
         response.rounds[0].response.token_usage,
