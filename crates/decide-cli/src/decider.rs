@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use decide_contract::{DecisionError, DecisionModel, DecisionRequest};
-use decide_engine::{Bm25Model, Calibration, Cascade, Conformal, Engine, BM25_MODEL_NAME};
+use decide_engine::{Bm25Model, Calibration, Cascade, Conformal, Engine, Scorer, BM25_MODEL_NAME};
 
 /// The neural engine, the lexical baseline, or a cascade of two, behind one interface for the
 /// commands. Cloning shares the loaded models.
