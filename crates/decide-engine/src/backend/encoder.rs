@@ -485,7 +485,9 @@ impl Model {
     /// embedder. The path for candle's own ops (any device); the fused CPU path packs instead.
     pub fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
         let mut x = self.embeddings.forward(batch)?;
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
+            // A disabled span costs one cached check, nothing next to a layer's GEMMs.
+            let _span = tracing::trace_span!("layer", index).entered();
             x = layer.forward(&x, batch.attention_bias.as_ref())?;
         }
         self.head(
@@ -515,10 +517,11 @@ impl Model {
         let mut x = packed
             .ids
             .apply_op3_no_bwd(&packed.type_ids, &packed.positions, embeddings)?;
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
             let Layer::Fused(layer) = layer else {
                 candle_core::bail!("packed rows need the fused CPU kernels");
             };
+            let _span = tracing::trace_span!("layer", index).entered();
             x = layer.forward_packed(&x, &packed.segments)?;
         }
         let x = x.squeeze(0)?;
