@@ -49,26 +49,28 @@
 //! [`DeviceSpec`] picks one at run time. A backend that is not compiled in is an error, never a
 //! silent fallback.
 //!
-//! On the CPU in f32 the encoder runs as fused candle custom ops (`backend/kernels.rs`, the crate's only
-//! `unsafe` module besides the memory-mapped weights): five ops per layer instead of about twenty,
-//! GEMMs through `gemm`'s AVX-512 kernels, attention per sequence and block of query rows in
-//! parallel without transposes, bias/GELU and residual/LayerNorm fused into the GEMM write-back.
+//! On the CPU in f32 the encoder runs as fused candle custom ops (`backend/kernels.rs`, the
+//! crate's only `unsafe` module besides the memory-mapped weights): five ops per layer instead
+//! of about twenty, GEMMs through `gemm`'s AVX-512 kernels, attention per sequence and block of
+//! query rows in parallel without transposes, bias/GELU and residual/LayerNorm fused into the
+//! GEMM write-back.
 //! The instruction set is detected at run time and chosen at load time ([`CpuKernels`] can only
 //! lower it); [`CpuKernels::Stock`] runs candle's own ops, the reference the fused path is tested
 //! against. Other devices and dtypes always run candle's ops.
 //!
 //! ## Layers
 //!
-//! Each layer uses only the ones below it:
+//! From the bottom up; each uses only the ones before it:
 //!
 //! * `backend`: the model behind a forward interface over token rows: `config.json`, the
 //!   device, the weights, the encoder and its kernels, batching and packing;
 //! * [`tokenize`]: text to token rows, trimmed to the model's length;
-//! * `scoring`: the [`Engine`]: stage (tokenize, look up cached embeddings), forward, finish
-//!   (cosines or logits) for any query and candidates, and for a whole decision;
 //! * `answering`: from a request to documents and from their raw scores to calibrated
-//!   answers, shared by the engine, [`Bm25Model`] and a [`Cascade`] through [`Scorer`]; it
-//!   depends on the contract and [`Calibration`] alone.
+//!   answers, shared by every model through [`Scorer`], and the [`Cascade`] of two; it depends
+//!   on the contract, [`Calibration`] and [`EngineError`] alone;
+//! * [`lexical`]: BM25, alone ([`Bm25Model`]) and as the engine's hybrid term;
+//! * `scoring`: the [`Engine`]: stage (tokenize, look up cached embeddings), forward, finish
+//!   (cosines or logits) for any query and candidates, and for a whole decision.
 #![deny(missing_docs)]
 
 mod answering;

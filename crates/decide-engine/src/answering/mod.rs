@@ -2,8 +2,8 @@
 //!
 //! A request's questions become documents ([`plan`]), a model scores the documents against the
 //! input, and the raw scores become calibrated answers ([`respond`]). The models differ only in
-//! the middle step, so this layer knows nothing of encoders or BM25: it depends on the contract
-//! and on [`Calibration`] alone. [`Scorer`] is what the three models (the encoder,
+//! the middle step, so this layer knows nothing of encoders or BM25: it depends on the contract,
+//! [`Calibration`] and the crate's error type alone. [`Scorer`] is what the three models (the encoder,
 //! [`Bm25Model`](crate::Bm25Model) and a [`Cascade`] of two) offer the commands that run them.
 
 use std::path::Path;
