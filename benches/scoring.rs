@@ -7,7 +7,7 @@
 //! candle's own ops instead of the fused CPU kernels (`auto`, `avx2`, `portable`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use decide_engine::{CpuKernels, DeviceSpec, Engine};
+use decide_engine::{bench, CpuKernels, DeviceSpec, Engine};
 
 fn scoring(c: &mut Criterion) {
     let device: DeviceSpec = std::env::var("DECIDE_BENCH_DEVICE")
@@ -33,7 +33,7 @@ fn scoring(c: &mut Criterion) {
         for batch in [1usize, 8, 32, 128] {
             group.throughput(Throughput::Elements(batch as u64));
             group.bench_with_input(BenchmarkId::from_parameter(batch), &batch, |b, &batch| {
-                b.iter(|| engine.forward_synthetic(batch, tokens).unwrap())
+                b.iter(|| bench::forward_synthetic(&engine, batch, tokens).unwrap())
             });
         }
         group.finish();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use decide_contract::DecisionModel;
-use decide_engine::{synthetic, Engine};
+use decide_engine::{bench, Engine};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -173,9 +173,7 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .filter(|&n: &usize| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let peak = engine
-        .matmul_peak_gflops()
-        .context("measuring the matmul peak")?;
+    let peak = bench::matmul_peak_gflops(&engine).context("measuring the matmul peak")?;
 
     let cells_total = args.batch_sizes.len() * args.seq_lens.len();
     let progress = if args.no_progress {
@@ -193,9 +191,11 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
     for &tokens in &args.seq_lens {
         for &batch in &args.batch_sizes {
             progress.set_message(format!("batch {batch} × {tokens} tokens"));
-            let times = time_calls(&args, || Ok(engine.forward_synthetic(batch, tokens)?))?;
+            let times = time_calls(&args, || {
+                Ok(bench::forward_synthetic(&engine, batch, tokens)?)
+            })?;
             let median = median_ms(&times);
-            let gflops = engine.forward_flops(batch, tokens) / (median / 1e3) / 1e9;
+            let gflops = bench::forward_flops(&engine, batch, tokens) / (median / 1e3) / 1e9;
             cells.push(Cell {
                 batch,
                 tokens,
@@ -223,10 +223,10 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
     };
 
     let mut decisions = Vec::new();
-    let input = synthetic::conversation(10);
+    let input = bench::conversation(10);
     for &tools in &decision_tools {
         progress.set_message(format!("decision over {tools} tools"));
-        let request = synthetic::tool_request(tools, &input)?;
+        let request = bench::tool_request(tools, &input)?;
         let times = time_calls(&args, || {
             engine.decide(&request)?;
             Ok(())
@@ -247,7 +247,7 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         model: engine.info().name.clone(),
         device: engine.info().device.clone(),
         dtype: engine.info().dtype.clone(),
-        kernels: engine.kernels(),
+        kernels: bench::kernels(&engine),
         threads,
         matmul_peak_gflops: peak,
         cells,

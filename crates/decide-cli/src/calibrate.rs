@@ -160,7 +160,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         .iter()
         .map(|&r| Ok((r, conformal.threshold(r)?)))
         .collect::<Result<Vec<(f64, f64)>, decide_contract::InvalidTargetRecall>>()?;
-    let before = model.calibration();
+    let before = model.calibration_in_use();
     let after = reliability(&scores, &labels, fit);
     let before_rel = before.map(|c| reliability(&scores, &labels, c));
     let loss_after = log_loss(&scores, &labels, fit);
@@ -186,7 +186,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     if args.json {
         let line = serde_json::json!({
             "model": model.name(), "a": fit.a, "b": fit.b,
-            "lexical_weight": lexical_weight(&model),
+            "lexical_weight": model.lexical_weight(),
             "cases": cases, "pairs": scores.len(), "positives": positives,
             "log_loss": loss_after, "ece": after.ece,
             "log_loss_before": loss_before, "ece_before": before_rel.as_ref().map(|r| r.ece),
@@ -248,13 +248,6 @@ fn round4(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
 }
 
-fn lexical_weight(model: &Decider) -> f64 {
-    match model {
-        Decider::Engine(e) => e.lexical_weight(),
-        Decider::Bm25(_) | Decider::Cascade { .. } => 0.0,
-    }
-}
-
 /// Writes the fit (and the lexical weight it was fitted with) and the conformal table into the
 /// model's manifest, keeping everything else of the file as it was. Returns the path, or `None`
 /// (after saying why on stderr) when the model has no manifest to write to.
@@ -263,22 +256,22 @@ fn write_manifest(
     fit: Calibration,
     conformal: &Conformal,
 ) -> anyhow::Result<Option<PathBuf>> {
-    let Decider::Engine(engine) = model else {
+    let Some(dir) = model.model_dir() else {
         eprintln!(
             "note: {} has no manifest: the fit is printed below",
             model.name()
         );
         return Ok(None);
     };
-    let path = engine.info().dir.join("manifest.toml");
+    let path = dir.join("manifest.toml");
     if !path.is_file() {
         eprintln!(
             "note: {} has no manifest.toml: the fit is printed below",
-            engine.info().dir.display()
+            dir.display()
         );
         return Ok(None);
     }
-    update_manifest(&path, fit, engine.lexical_weight(), conformal)?;
+    update_manifest(&path, fit, model.lexical_weight(), conformal)?;
     Ok(Some(path))
 }
 

@@ -85,7 +85,7 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         report.no_tool_cases,
         report.pairs,
         engine.name(),
-        engine.device()
+        engine.device_name()
     )?;
     match (args.filter.target_recall, engine.conformal()) {
         (Some(r), Some(c)) => writeln!(

@@ -227,7 +227,7 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
         out,
         "route: {chosen} ({} on {}, {:.1} ms)",
         engine.name(),
-        engine.device(),
+        engine.device_name(),
         elapsed.as_secs_f64() * 1000.0
     )?;
     if let Some(note) = reason_note(&decision, args.min_probability) {

@@ -136,7 +136,7 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         chosen.len(),
         scores.len(),
         engine.name(),
-        engine.device(),
+        engine.device_name(),
         elapsed.as_secs_f64() * 1000.0
     )?;
     if let Some(f) = &selection.fallback {

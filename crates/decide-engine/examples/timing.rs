@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use decide_contract::DecisionModel;
-use decide_engine::{synthetic, Engine};
+use decide_engine::{bench, Engine};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
@@ -14,11 +14,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "load: {:.1} ms ({})",
         ms(started, Instant::now()),
-        engine.kernels()
+        bench::kernels(&engine)
     );
-    let input = synthetic::conversation(10);
+    let input = bench::conversation(10);
     for tools in [100usize, 1000] {
-        let request = synthetic::tool_request(tools, &input)?;
+        let request = bench::tool_request(tools, &input)?;
         // The first call embeds the tools; the timed ones find them cached.
         engine.decide(&request)?;
         for _ in 0..3 {

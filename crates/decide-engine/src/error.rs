@@ -1,4 +1,6 @@
-use std::path::PathBuf;
+//! The engine's one error type.
+
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong while loading a model or scoring with it.
 ///
@@ -109,4 +111,28 @@ impl EngineError {
             message: message.to_string(),
         }
     }
+
+    /// A file that a library failed to read, with the first line of its message: candle and
+    /// tokenizers add backtraces and hints below it that would break the one-line rule.
+    pub(crate) fn unreadable(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {
+        Self::bad_file(path, first_line(&e.to_string()))
+    }
+}
+
+/// `dir/file`, or the error that names the missing file.
+pub(crate) fn require(dir: &Path, file: &str) -> Result<PathBuf> {
+    let path = dir.join(file);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(EngineError::MissingFile {
+            dir: dir.to_path_buf(),
+            file: file.to_string(),
+        })
+    }
+}
+
+/// The first line of a message, trimmed.
+pub(crate) fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().trim().to_string()
 }

@@ -30,6 +30,7 @@ use std::collections::HashMap;
 
 use decide_contract::{DecisionError, DecisionModel, DecisionRequest, DecisionResponse};
 
+use crate::answering::{plan, respond, yes_no_raw, Scorer};
 use crate::calibration::Calibration;
 
 /// BM25's term-frequency saturation.
@@ -262,16 +263,30 @@ impl Bm25Model {
     pub fn calibration(&self) -> Calibration {
         self.calibration
     }
+}
 
-    /// The raw score behind each yes/no answer of `request`, like
-    /// [`Engine::yes_no_scores`](crate::Engine::yes_no_scores).
-    pub fn yes_no_scores(
+impl Scorer for Bm25Model {
+    fn name(&self) -> String {
+        BM25_MODEL_NAME.into()
+    }
+
+    fn device_name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn calibration_in_use(&self) -> Option<Calibration> {
+        Some(self.calibration)
+    }
+
+    /// Each document's [`coverage`](Bm25Index::coverage) of the last user message, or with
+    /// both criteria the difference of the two.
+    fn yes_no_scores(
         &self,
         request: &DecisionRequest,
     ) -> Result<Vec<(String, f64)>, DecisionError> {
-        let (docs, plans) = crate::decision::plan(request);
+        let (docs, plans) = plan(request);
         let raw = Bm25Index::new(&docs.refs()).coverage(&query_text(request.input()));
-        crate::decision::yes_no_raw(request, &plans, &raw)
+        yes_no_raw(request, &plans, &raw)
     }
 }
 
@@ -284,10 +299,10 @@ impl DecisionModel for Bm25Model {
                 )));
             }
         }
-        let (docs, plans) = crate::decision::plan(request);
+        let (docs, plans) = plan(request);
         let query = query_text(request.input());
         let raw = Bm25Index::new(&docs.refs()).coverage(&query);
-        crate::decision::respond(
+        respond(
             request,
             &plans,
             &raw,

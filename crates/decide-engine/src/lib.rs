@@ -35,8 +35,8 @@
 //! The conversation is tokenized once. A pair longer than the model allows loses the oldest
 //! tokens of the conversation first; the candidate is cut only when it alone would crowd the
 //! conversation out of a quarter of the budget. Pairs are sorted by length and cut into batches
-//! of at most `max_batch_tokens` padded tokens ([`plan_batches`]); results come back in input
-//! order, equal to one-by-one scoring.
+//! of at most `max_batch_tokens` padded tokens; results come back in input order, equal to
+//! one-by-one scoring. [`Tokenization`] holds the trimming rules, for the trainer too.
 //!
 //! ## Models
 //!
@@ -49,48 +49,59 @@
 //! [`DeviceSpec`] picks one at run time. A backend that is not compiled in is an error, never a
 //! silent fallback.
 //!
-//! On the CPU in f32 the encoder runs as fused candle custom ops (`kernels.rs`, the crate's only
-//! `unsafe` module besides the memory-mapped weights): five ops per layer instead of about twenty,
-//! GEMMs through `gemm`'s AVX-512 kernels, attention per sequence and block of query rows in
-//! parallel without transposes, bias/GELU and residual/LayerNorm fused into the GEMM write-back.
+//! On the CPU in f32 the encoder runs as fused candle custom ops (`backend/kernels.rs`, the
+//! crate's only `unsafe` module besides the memory-mapped weights): five ops per layer instead
+//! of about twenty, GEMMs through `gemm`'s AVX-512 kernels, attention per sequence and block of
+//! query rows in parallel without transposes, bias/GELU and residual/LayerNorm fused into the
+//! GEMM write-back.
 //! The instruction set is detected at run time and chosen at load time ([`CpuKernels`] can only
 //! lower it); [`CpuKernels::Stock`] runs candle's own ops, the reference the fused path is tested
 //! against. Other devices and dtypes always run candle's ops.
+//!
+//! ## Layers
+//!
+//! From the bottom up; each uses only the ones before it:
+//!
+//! * `backend`: the model behind a forward interface over token rows: `config.json`, the
+//!   device, the weights, the encoder and its kernels, batching and packing;
+//! * [`tokenize`]: text to token rows, trimmed to the model's length;
+//! * `answering`: from a request to documents and from their raw scores to calibrated
+//!   answers, shared by every model through [`Scorer`], and the [`Cascade`] of two; it depends
+//!   on the contract, [`Calibration`] and [`EngineError`] alone;
+//! * [`lexical`]: BM25, alone ([`Bm25Model`]) and as the engine's hybrid term;
+//! * `scoring`: the [`Engine`]: stage (tokenize, look up cached embeddings), forward, finish
+//!   (cosines or logits) for any query and candidates, and for a whole decision.
 #![deny(missing_docs)]
 
-mod batching;
+mod answering;
+mod backend;
+#[doc(hidden)]
+pub mod bench;
 mod calibration;
-mod cascade;
-mod config;
-mod decision;
-mod device;
-mod encoder;
-mod engine;
 mod error;
-mod kernels;
 pub mod lexical;
 #[cfg(feature = "hub")]
 mod pull;
 pub mod registry;
-mod staged;
-pub mod synthetic;
+mod scoring;
+pub mod tokenize;
 
-pub use batching::plan_batches;
+pub use answering::{candidate_text, Cascade, Scorer, DEFAULT_TOP_K};
+pub use backend::config::{Activation, EncoderConfig, Family};
+pub use backend::device::{CpuKernels, DeviceSpec, Precision};
 pub use calibration::{sigmoid, softmax, Calibration};
-pub use cascade::{Cascade, DEFAULT_TOP_K};
-pub use config::{Activation, EncoderConfig, Family};
 /// The manifest's `[conformal]` table; defined in the contract so that the tool filter can take it
 /// without depending on the engine.
 pub use decide_contract::Conformal;
-pub use decision::{candidate_text, StagedDecision};
-pub use device::{CpuKernels, DeviceSpec, Precision};
-pub use engine::{
-    trim_pair, trim_single, Engine, EngineBuilder, ModelInfo, ScoreKind, Scores,
-    DEFAULT_CACHE_CAPACITY, DEFAULT_MAX_BATCH_TOKENS,
-};
 pub use error::{EngineError, Result};
 pub use lexical::{Bm25Model, BM25_MODEL_NAME};
 #[cfg(feature = "hub")]
 pub use pull::pull;
 pub use registry::{Build, HeadName, Manifest, ModelLocation, Scoring, BASE_MODEL, DEFAULT_MODEL};
-pub use staged::{EncodedRow, StagedScores};
+pub use scoring::decision::StagedDecision;
+pub use scoring::staged::EncodedRow;
+pub use scoring::{
+    Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_CAPACITY,
+    DEFAULT_MAX_BATCH_TOKENS,
+};
+pub use tokenize::{trim_pair, trim_single, TokenRow, Tokenization};

@@ -1,5 +1,5 @@
 //! The fused CPU kernels against candle's own ops (`CpuKernels::Stock`, the reference path),
-//! whole models on the fixtures: cross-encoder logits within 1% relative (the required bound;
+//! whole models on the fixtures: cross-encoder logits within 1% relative (the accuracy target;
 //! in practice they agree to about 1e-6), bi-encoder cosine of pooled embeddings ≥ 0.9999, at
 //! every instruction-set level this CPU runs, including the portable fallback.
 
@@ -8,7 +8,7 @@ mod common;
 use std::sync::OnceLock;
 
 use common::{fixtures, relative_close};
-use decide_engine::{CpuKernels, Engine};
+use decide_engine::{bench, CpuKernels, Engine};
 use serde_json::Value;
 
 /// The fused choices to test: the detected level and the forced-down ones.
@@ -47,13 +47,17 @@ fn check_classifier(dir: &str) {
         .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
     let stock = load(model, CpuKernels::Stock);
-    assert_eq!(stock.kernels(), "stock");
+    assert_eq!(bench::kernels(&stock), "stock");
     let want = stock.classify_pairs(&refs).unwrap();
     for kernels in FUSED {
         let fused = load(model, kernels);
-        assert!(fused.kernels().starts_with("fused-"), "{}", fused.kernels());
+        assert!(
+            bench::kernels(&fused).starts_with("fused-"),
+            "{}",
+            bench::kernels(&fused)
+        );
         if kernels == CpuKernels::Portable {
-            assert_eq!(fused.kernels(), "fused-portable-f32");
+            assert_eq!(bench::kernels(&fused), "fused-portable-f32");
         }
         let got = fused.classify_pairs(&refs).unwrap();
         assert_eq!(got.len(), want.len());
@@ -62,7 +66,7 @@ fn check_classifier(dir: &str) {
                 assert!(
                     relative_close(*g as f64, *w as f64, 0.01) && (g - w).abs() < 1e-4,
                     "{dir} {kernels:?} ({}): logit {g} vs stock {w}",
-                    fused.kernels()
+                    bench::kernels(&fused)
                 );
             }
         }
@@ -118,7 +122,7 @@ fn minilm_embeddings_match_the_stock_path() {
             assert!(
                 c >= 0.9999,
                 "{kernels:?} ({}): cosine {c} for {text:.40}",
-                fused.kernels()
+                bench::kernels(&fused)
             );
         }
     }

@@ -9,7 +9,7 @@ use common::{fixtures, relative_close};
 use decide_contract::{
     ChoiceQuestion, DecisionInput, DecisionModel, DecisionRequest, ScaleQuestion, YesNoQuestion,
 };
-use decide_engine::{candidate_text, Engine, EngineError};
+use decide_engine::{candidate_text, Engine, EngineError, Scorer};
 
 /// One model for the whole test binary: loading it is the slow part.
 fn engine() -> &'static Engine {

@@ -7,6 +7,9 @@ use decide_contract::{
     Question, YesNoAnswer,
 };
 
+use super::Scorer;
+use crate::calibration::Calibration;
+
 /// How many questions the rescorer sees by default.
 pub const DEFAULT_TOP_K: usize = 20;
 
@@ -25,15 +28,25 @@ pub const DEFAULT_TOP_K: usize = 20;
 /// Choice and scale questions, and requests with no more yes/no questions than `top_k`, go to
 /// the rescorer alone: there is nothing to save. Both models are any
 /// [`DecisionModel`](decide_contract::DecisionModel), so the cascade can stack an
-/// [`Engine`](crate::Engine), [`Bm25Model`](crate::Bm25Model) or a remote model.
-#[derive(Clone)]
-pub struct Cascade {
-    shortlist: Arc<dyn DecisionModel>,
-    rescorer: Arc<dyn DecisionModel>,
+/// [`Engine`](crate::Engine), [`Bm25Model`](crate::Bm25Model) or a remote model; a cascade
+/// of two [`Scorer`]s is a [`Scorer`] too.
+pub struct Cascade<M: ?Sized = dyn DecisionModel> {
+    shortlist: Arc<M>,
+    rescorer: Arc<M>,
     top_k: usize,
 }
 
-impl std::fmt::Debug for Cascade {
+impl<M: ?Sized> Clone for Cascade<M> {
+    fn clone(&self) -> Self {
+        Self {
+            shortlist: self.shortlist.clone(),
+            rescorer: self.rescorer.clone(),
+            top_k: self.top_k,
+        }
+    }
+}
+
+impl<M: ?Sized> std::fmt::Debug for Cascade<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cascade")
             .field("top_k", &self.top_k)
@@ -41,14 +54,10 @@ impl std::fmt::Debug for Cascade {
     }
 }
 
-impl Cascade {
+impl<M: DecisionModel + ?Sized> Cascade<M> {
     /// A cascade that sends the `top_k` most probable yes/no questions of `shortlist` to
     /// `rescorer`. `top_k` must be at least 1.
-    pub fn new(
-        shortlist: Arc<dyn DecisionModel>,
-        rescorer: Arc<dyn DecisionModel>,
-        top_k: usize,
-    ) -> Result<Self, DecisionError> {
+    pub fn new(shortlist: Arc<M>, rescorer: Arc<M>, top_k: usize) -> Result<Self, DecisionError> {
         if top_k == 0 {
             return Err(DecisionError::InvalidRequest(
                 "a cascade's top_k must be at least 1".into(),
@@ -81,7 +90,7 @@ impl Cascade {
     }
 }
 
-impl DecisionModel for Cascade {
+impl<M: DecisionModel + ?Sized> DecisionModel for Cascade<M> {
     fn do_decide(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
         let questions = request.questions();
         let all_yes_no = questions.values().all(|q| matches!(q, Question::YesNo(_)));
@@ -153,6 +162,35 @@ impl DecisionModel for Cascade {
     fn default_request_parameters(&self) -> DecisionRequestParameters {
         // The two models apply their own defaults to the requests they get.
         DecisionRequestParameters::default()
+    }
+}
+
+impl Scorer for Cascade<dyn Scorer> {
+    fn name(&self) -> String {
+        format!("{} → {}", self.shortlist.name(), self.rescorer.name())
+    }
+
+    fn device_name(&self) -> String {
+        let (a, b) = (self.shortlist.device_name(), self.rescorer.device_name());
+        if a == b {
+            a
+        } else {
+            format!("{a} + {b}")
+        }
+    }
+
+    /// `None`: the probabilities come from two calibrations.
+    fn calibration_in_use(&self) -> Option<Calibration> {
+        None
+    }
+
+    fn yes_no_scores(
+        &self,
+        _request: &DecisionRequest,
+    ) -> Result<Vec<(String, f64)>, DecisionError> {
+        Err(DecisionError::UnsupportedFeature(
+            "a cascade has two calibrations: calibrate each model alone".into(),
+        ))
     }
 }
 

@@ -8,15 +8,15 @@
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
 
-use crate::config::{Activation, EncoderConfig, Family};
-use crate::kernels::{Epilogue, FusedAttention, FusedEmbeddings, FusedLinear, Isa, NormParams};
+use super::config::{Activation, EncoderConfig, Family};
+use super::kernels::{Epilogue, FusedAttention, FusedEmbeddings, FusedLinear, Isa, NormParams};
 
 /// Which code runs the encoder layers, chosen once at load time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CpuPath {
     /// candle's own ops (any device, any dtype): the reference path and the fallback.
     Stock,
-    /// The fused CPU kernels of [`crate::kernels`] at this instruction set (CPU, f32 only).
+    /// The fused CPU kernels of [`super::kernels`] at this instruction set (CPU, f32 only).
     Fused(Isa),
 }
 
@@ -25,13 +25,13 @@ impl CpuPath {
     /// kernels only run f32 on the CPU, at the detected instruction set capped by `kernels`;
     /// everything else is candle's own ops.
     pub(crate) fn choose(
-        kernels: crate::device::CpuKernels,
+        kernels: super::device::CpuKernels,
         device: &Device,
         dtype: DType,
         detected: Isa,
     ) -> CpuPath {
-        use crate::device::CpuKernels;
-        use crate::kernels::IsaCap;
+        use super::device::CpuKernels;
+        use super::kernels::IsaCap;
         if !matches!(device, Device::Cpu) || dtype != DType::F32 {
             return CpuPath::Stock;
         }
@@ -266,7 +266,7 @@ impl Layer {
     }
 }
 
-/// A layer as five fused ops (see [`crate::kernels`]); the weights are copied out of the
+/// A layer as five fused ops (see [`super::kernels`]); the weights are copied out of the
 /// candle layer at load time, which is then dropped.
 struct FusedLayer {
     qkv: FusedLinear,
@@ -485,7 +485,9 @@ impl Model {
     /// embedder. The path for candle's own ops (any device); the fused CPU path packs instead.
     pub fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
         let mut x = self.embeddings.forward(batch)?;
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
+            // A disabled span costs one cached check, nothing next to a layer's GEMMs.
+            let _span = tracing::trace_span!("layer", index).entered();
             x = layer.forward(&x, batch.attention_bias.as_ref())?;
         }
         self.head(
@@ -515,10 +517,11 @@ impl Model {
         let mut x = packed
             .ids
             .apply_op3_no_bwd(&packed.type_ids, &packed.positions, embeddings)?;
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
             let Layer::Fused(layer) = layer else {
                 candle_core::bail!("packed rows need the fused CPU kernels");
             };
+            let _span = tracing::trace_span!("layer", index).entered();
             x = layer.forward_packed(&x, &packed.segments)?;
         }
         let x = x.squeeze(0)?;
@@ -574,8 +577,8 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::CpuKernels;
-    use crate::kernels::IsaCap;
+    use crate::backend::device::CpuKernels;
+    use crate::backend::kernels::IsaCap;
 
     #[test]
     fn the_fused_path_falls_back_where_it_cannot_run() {

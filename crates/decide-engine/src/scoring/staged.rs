@@ -14,14 +14,22 @@ use std::sync::Arc;
 
 use decide_contract::DecisionInput;
 
-use crate::engine::{cosine, Engine, Row, Scores};
+use super::cache::cosine;
+use super::{Engine, Scores};
 use crate::error::{EngineError, Result};
 use crate::registry::HeadName;
+use crate::tokenize::TokenRow;
 
 /// One tokenized row (a text, or a query-candidate pair), ready for the model.
 // No `Debug`: token ids decode back to the user's text.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct EncodedRow(pub(crate) Row);
+pub struct EncodedRow(TokenRow);
+
+impl std::borrow::Borrow<TokenRow> for EncodedRow {
+    fn borrow(&self) -> &TokenRow {
+        &self.0
+    }
+}
 
 impl EncodedRow {
     /// Its length in tokens, special tokens included: what it costs in a batch.
@@ -51,7 +59,7 @@ enum Finish {
 }
 
 /// The candidates of one query, tokenized and waiting for the model.
-pub struct StagedScores {
+pub(crate) struct StagedScores {
     rows: Vec<EncodedRow>,
     expected: usize,
     tokens: usize,
@@ -60,25 +68,31 @@ pub struct StagedScores {
 
 impl StagedScores {
     /// The rows still held (all of them until [`take_rows`](Self::take_rows)).
-    pub fn rows(&self) -> &[EncodedRow] {
+    pub(crate) fn rows(&self) -> &[EncodedRow] {
         &self.rows
     }
 
     /// Takes the rows out, to run them elsewhere; the outputs go back in the same order.
-    pub fn take_rows(&mut self) -> Vec<EncodedRow> {
+    pub(crate) fn take_rows(&mut self) -> Vec<EncodedRow> {
         std::mem::take(&mut self.rows)
     }
 }
 
 impl Engine {
-    /// The token budget of one forward pass (rows × longest row).
-    pub fn max_batch_tokens(&self) -> usize {
-        self.inner.max_batch_tokens
-    }
-
-    /// Stages the scoring of `candidates` against a decision input, as
-    /// [`score_input`](Self::score_input) scores them.
-    pub fn stage_input(&self, input: &DecisionInput, candidates: &[&str]) -> Result<StagedScores> {
+    /// Stages the scoring of `candidates` against a decision input: what [`DecisionModel`]
+    /// answers use.
+    ///
+    /// A bi-encoder embeds two views of a conversation, the whole (trimmed from its oldest end)
+    /// and the last user message alone, and takes the better cosine of the two: one vector for
+    /// a long history dilutes the request ("email it to Anna") with the earlier turns, while the
+    /// last message alone misses what a follow-up ("do the same for Berlin") refers to.
+    ///
+    /// [`DecisionModel`]: decide_contract::DecisionModel
+    pub(crate) fn stage_input(
+        &self,
+        input: &DecisionInput,
+        candidates: &[&str],
+    ) -> Result<StagedScores> {
         let full = input.render();
         match (self.inner.info.head, input.last_user_text()) {
             (HeadName::BiEncoder, Some(last))
@@ -91,7 +105,7 @@ impl Engine {
     }
 
     /// Stages the scoring of `candidates` against one query, as [`score`](Self::score) does.
-    pub fn stage_query(&self, query: &str, candidates: &[&str]) -> Result<StagedScores> {
+    pub(crate) fn stage_query(&self, query: &str, candidates: &[&str]) -> Result<StagedScores> {
         if candidates.is_empty() {
             return Ok(StagedScores {
                 rows: Vec::new(),
@@ -103,10 +117,15 @@ impl Engine {
         match self.inner.info.head {
             HeadName::BiEncoder => self.stage_bi(&[query], candidates),
             HeadName::CrossEncoder => {
-                let q = self.encode(query)?;
+                let tokens = &self.inner.tokens;
+                let q = tokens.encode(query)?;
                 let rows = candidates
                     .iter()
-                    .map(|c| self.pair_row(&q, c).map(EncodedRow))
+                    .map(|c| {
+                        tokens
+                            .pair_row(q.clone(), tokens.encode(c)?)
+                            .map(EncodedRow)
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 Ok(StagedScores {
                     expected: rows.len(),
@@ -118,10 +137,11 @@ impl Engine {
         }
     }
 
-    pub(crate) fn stage_bi(&self, views: &[&str], candidates: &[&str]) -> Result<StagedScores> {
+    fn stage_bi(&self, views: &[&str], candidates: &[&str]) -> Result<StagedScores> {
+        let tokens = &self.inner.tokens;
         let mut rows = views
             .iter()
-            .map(|v| self.single_row(v, true).map(EncodedRow))
+            .map(|v| tokens.encode_query(v).map(EncodedRow))
             .collect::<Result<Vec<_>>>()?;
         let cached: Vec<Option<Arc<[f32]>>> = {
             let cache = self.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -137,7 +157,7 @@ impl Engine {
             }
         }
         for c in &missing {
-            rows.push(EncodedRow(self.single_row(c, false)?));
+            rows.push(EncodedRow(tokens.encode_document(c)?));
         }
         Ok(StagedScores {
             expected: rows.len(),
@@ -155,13 +175,16 @@ impl Engine {
     /// Runs rows through the model in token-budgeted, length-sorted batches and returns one
     /// output vector per row, in the rows' order. Rows of different requests may share a call.
     pub fn forward_rows(&self, rows: &[EncodedRow]) -> Result<Vec<Vec<f32>>> {
-        let rows: Vec<&Row> = rows.iter().map(|r| &r.0).collect();
-        self.run(&rows)
+        self.run(rows)
     }
 
     /// Turns the outputs of a staged scoring's rows (in the order they were staged) into
     /// scores, and caches a bi-encoder's fresh candidate embeddings.
-    pub fn finish_scores(&self, staged: StagedScores, outputs: Vec<Vec<f32>>) -> Result<Scores> {
+    pub(crate) fn finish_scores(
+        &self,
+        staged: StagedScores,
+        outputs: Vec<Vec<f32>>,
+    ) -> Result<Scores> {
         if outputs.len() != staged.expected {
             return Err(EngineError::Tokenizer(format!(
                 "{} outputs for {} staged rows",

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use candle_core::{DType, Device};
 
-use crate::error::{EngineError, Result};
+use crate::error::{first_line, EngineError, Result};
 
 /// A device as the user names it: `cpu`, `cuda`, `cuda:N`, `metal` or `auto`.
 ///
@@ -172,8 +172,8 @@ impl Precision {
     /// The candle dtype, checked against the device: candle's CPU backend has no fast
     /// half-precision kernels, so f16 and bf16 there would be slower than f32, not faster. The
     /// fused CPU kernels are f32 too: without AMX, an AVX512-BF16 dot product (`vdpbf16ps`)
-    /// measured at 70% of the f32 FMA rate per core on our Xeons, so a bf16 linear layer would
-    /// not beat the f32 one (see `/work/shared/reference/cpu-perf.md` and the notes).
+    /// measured at 70% of the f32 FMA rate per core on Xeons without AMX, so a bf16 linear layer
+    /// would not beat the f32 one.
     pub fn dtype_for(self, device: &Device) -> Result<DType> {
         match (self, device) {
             (Precision::F32 | Precision::Auto, _) => Ok(DType::F32),
@@ -208,10 +208,6 @@ pub fn device_name(device: &Device) -> String {
         Device::Cuda(_) => "cuda".into(),
         Device::Metal(_) => "metal".into(),
     }
-}
-
-pub(crate) fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or_default().trim().to_string()
 }
 
 #[cfg(test)]

@@ -1,0 +1,63 @@
+//! Answering: what every model of the crate shares between a request and its answers.
+//!
+//! A request's questions become documents ([`plan`]), a model scores the documents against the
+//! input, and the raw scores become calibrated answers ([`respond`]). The models differ only in
+//! the middle step, so this layer knows nothing of encoders or BM25: it depends on the contract,
+//! [`Calibration`] and the crate's error type alone. [`Scorer`] is what the three models (the encoder,
+//! [`Bm25Model`](crate::Bm25Model) and a [`Cascade`] of two) offer the commands that run them.
+
+use std::path::Path;
+
+use decide_contract::{Conformal, DecisionError, DecisionModel, DecisionRequest};
+
+use crate::calibration::Calibration;
+use crate::error::EngineError;
+
+mod cascade;
+mod plan;
+
+pub use cascade::{Cascade, DEFAULT_TOP_K};
+pub use plan::candidate_text;
+pub(crate) use plan::{plan, respond, yes_no_raw, Plan};
+
+/// A decision model whose answers are calibrated raw scores: what reports, calibration and
+/// `--target-recall` need to know about it beyond its answers.
+pub trait Scorer: DecisionModel {
+    /// The model's name, as reports and error messages give it.
+    fn name(&self) -> String;
+
+    /// The device it runs on, as reports give it.
+    fn device_name(&self) -> String;
+
+    /// The calibration its answers use now; `None` before one is fitted, or when its
+    /// probabilities come from more than one.
+    fn calibration_in_use(&self) -> Option<Calibration>;
+
+    /// The conformal table of its manifest (see
+    /// [`Engine::conformal`](crate::Engine::conformal)); `None` without one.
+    fn conformal(&self) -> Option<&Conformal> {
+        None
+    }
+
+    /// The conformal table, or an error naming the model and the command that adds one.
+    fn require_conformal(&self) -> Result<&Conformal, EngineError> {
+        self.conformal()
+            .ok_or_else(|| EngineError::NoConformal { model: self.name() })
+    }
+
+    /// The weight of BM25 in its hybrid scores (0: none).
+    fn lexical_weight(&self) -> f64 {
+        0.0
+    }
+
+    /// The folder of the model, where its manifest lives; `None` for a model without files.
+    fn model_dir(&self) -> Option<&Path> {
+        None
+    }
+
+    /// The raw score behind each yes/no answer of `request`, in question order, before
+    /// calibration. What `decide calibrate` fits on, so the fit sees exactly the scores
+    /// decisions are made from.
+    fn yes_no_scores(&self, request: &DecisionRequest)
+        -> Result<Vec<(String, f64)>, DecisionError>;
+}

@@ -1,0 +1,184 @@
+//! From a request to documents, and from the documents' raw scores back to answers.
+//!
+//! Every question of a request names the documents it is about ([`plan`]); the model scores
+//! each distinct document once against the input; [`respond`] turns the raw scores into
+//! calibrated answers.
+
+use decide_contract::indexmap::IndexSet;
+use decide_contract::{
+    Answer, ChoiceAnswer, DecisionError, DecisionRequest, DecisionResponse, Question, ScaleAnswer,
+    TokenUsage, YesNoAnswer,
+};
+
+use crate::calibration::{sigmoid, softmax, Calibration};
+
+/// The text a candidate is scored as: `name: description`, or the name alone when the
+/// description adds nothing.
+pub fn candidate_text(name: &str, description: &str) -> String {
+    let description = description.trim();
+    if description.is_empty() || description == name {
+        name.to_string()
+    } else {
+        format!("{name}: {description}")
+    }
+}
+
+/// Which documents a question needs, as indexes into the request's deduplicated documents.
+pub(crate) enum Plan {
+    YesNo { yes: usize, no: Option<usize> },
+    Options(Vec<usize>),
+}
+
+/// The request's distinct documents, in first-seen order; a question refers to them by index.
+#[derive(Default)]
+pub(crate) struct Documents(IndexSet<String>);
+
+impl Documents {
+    // A set rather than a searched list: a catalogue of 1,000 tools would cost half a million
+    // string comparisons a decision.
+    fn add(&mut self, text: String) -> usize {
+        self.0.insert_full(text).0
+    }
+
+    /// The documents as text, in index order.
+    pub(crate) fn refs(&self) -> Vec<&str> {
+        self.0.iter().map(String::as_str).collect()
+    }
+}
+
+pub(crate) fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
+    let mut docs = Documents::default();
+    let mut plans = Vec::new();
+    for question in request.questions().values() {
+        plans.push(match question {
+            Question::YesNo(q) => {
+                let yes = match (q.yes_when(), q.candidate()) {
+                    (Some(when), _) => when.to_string(),
+                    (None, Some(c)) => candidate_text(&c.name, &c.description),
+                    (None, None) => q.text().to_string(),
+                };
+                Plan::YesNo {
+                    yes: docs.add(yes),
+                    no: q.no_when().map(|n| docs.add(n.to_string())),
+                }
+            }
+            Question::Choice(q) => Plan::Options(
+                q.options()
+                    .iter()
+                    .map(|o| docs.add(candidate_text(&o.name, &o.description)))
+                    .collect(),
+            ),
+            Question::Scale(q) => Plan::Options(
+                q.levels()
+                    .iter()
+                    .map(|l| {
+                        docs.add(candidate_text(
+                            &l.label,
+                            l.description.as_deref().unwrap_or(""),
+                        ))
+                    })
+                    .collect(),
+            ),
+        });
+    }
+    (docs, plans)
+}
+
+fn answer(
+    question: &Question,
+    plan: &Plan,
+    scores: &[f64],
+    cal: Calibration,
+) -> Result<Answer, DecisionError> {
+    Ok(match (question, plan) {
+        (Question::YesNo(_), Plan::YesNo { yes, no }) => {
+            let p = match no {
+                // Both criteria given: which one the input matches better decides, so the
+                // offset cancels and only the slope applies.
+                Some(no) => sigmoid(cal.a * (scores[*yes] - scores[*no])),
+                None => cal.probability(scores[*yes]),
+            };
+            Answer::YesNo(YesNoAnswer::new(p)?)
+        }
+        (Question::Choice(q), Plan::Options(idx)) => {
+            let logits: Vec<f64> = idx.iter().map(|&i| cal.a * scores[i]).collect();
+            let probs = softmax(&logits);
+            let best = argmax(&probs);
+            let names: Vec<String> = q.options().iter().map(|o| o.name.clone()).collect();
+            Answer::Choice(
+                ChoiceAnswer::new(names[best].clone())
+                    .with_probabilities(names.into_iter().zip(probs.iter().copied()))?
+                    .with_confidence(probs[best])?,
+            )
+        }
+        (Question::Scale(_), Plan::Options(idx)) => {
+            let logits: Vec<f64> = idx.iter().map(|&i| cal.a * scores[i]).collect();
+            let probs = softmax(&logits);
+            let mean = probs.iter().enumerate().map(|(i, p)| i as f64 * p).sum();
+            let confidence = probs[argmax(&probs)];
+            Answer::Scale(
+                ScaleAnswer::new(mean)?
+                    .with_probabilities(probs)?
+                    .with_confidence(confidence)?,
+            )
+        }
+        _ => {
+            return Err(DecisionError::UnsupportedFeature(format!(
+                "question type of '{}'",
+                question.text()
+            )))
+        }
+    })
+}
+
+fn argmax(v: &[f64]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f64::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 {
+                (i, x)
+            } else {
+                best
+            }
+        })
+        .0
+}
+
+/// The raw score behind each yes/no question of `request`: its document's, or with both
+/// criteria the difference of the two.
+pub(crate) fn yes_no_raw(
+    request: &DecisionRequest,
+    plans: &[Plan],
+    raw: &[f64],
+) -> Result<Vec<(String, f64)>, DecisionError> {
+    request
+        .questions()
+        .keys()
+        .zip(plans)
+        .map(|(name, plan)| match plan {
+            Plan::YesNo { yes, no: None } => Ok((name.clone(), raw[*yes])),
+            Plan::YesNo { yes, no: Some(no) } => Ok((name.clone(), raw[*yes] - raw[*no])),
+            Plan::Options(_) => Err(DecisionError::UnsupportedFeature(format!(
+                "question '{name}' is not a yes/no question"
+            ))),
+        })
+        .collect()
+}
+
+/// The response to `request` from the raw scores of its documents.
+pub(crate) fn respond(
+    request: &DecisionRequest,
+    plans: &[Plan],
+    raw: &[f64],
+    calibration: Calibration,
+    model_name: &str,
+    tokens: usize,
+) -> Result<DecisionResponse, DecisionError> {
+    let mut response = DecisionResponse::builder()
+        .model_name(model_name.to_string())
+        .token_usage(TokenUsage::new(tokens as u64));
+    for ((name, question), plan) in request.questions().iter().zip(plans) {
+        response = response.answer(name.clone(), answer(question, plan, raw, calibration)?);
+    }
+    response.build()
+}

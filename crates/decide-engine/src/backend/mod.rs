@@ -1,0 +1,228 @@
+//! The model behind a small forward interface: token rows in, one output vector per row out.
+//!
+//! Everything about tensors stays below [`Backend`]: reading `config.json` and the weights,
+//! the device and dtype, the encoder and its fused CPU kernels, and forming batches under the
+//! token budget (padded, or packed back to back on the fused CPU path). The layers above see
+//! rows of token ids and get vectors back, in the rows' order.
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+use crate::error::{require, EngineError, Result};
+use crate::registry::Build;
+
+mod batching;
+pub(crate) mod config;
+pub(crate) mod device;
+mod encoder;
+mod kernels;
+
+use batching::{plan_batches, plan_packs};
+use config::EncoderConfig;
+use device::CpuKernels;
+use encoder::{Batch, CpuPath, Model, Packed, CPU_CHUNK_TOKENS};
+pub(crate) use encoder::{HeadKind, Pooling};
+
+/// One row's input: its token ids and their token type ids.
+pub(crate) type RowRef<'a> = (&'a [u32], &'a [u32]);
+
+/// A loaded model that runs rows.
+pub(crate) trait Backend: Send + Sync {
+    /// One output vector per row, in the rows' order: logits for a classifier, an embedding for
+    /// an embedder. Rows go through in batches of at most the token budget.
+    fn forward(&self, rows: &[RowRef<'_>]) -> Result<Vec<Vec<f32>>>;
+    /// The model's configuration.
+    fn config(&self) -> &EncoderConfig;
+    /// The device it runs on.
+    fn device(&self) -> &Device;
+    /// The dtype of its weights and activations.
+    fn dtype(&self) -> DType;
+    /// Which code runs the layers: `stock` or `fused-<instruction set>-f32`.
+    fn kernels(&self) -> String;
+}
+
+/// The candle encoder of [`encoder`].
+pub(crate) struct CandleBackend {
+    config: EncoderConfig,
+    model: Model,
+    device: Device,
+    dtype: DType,
+    max_batch_tokens: usize,
+}
+
+/// Where a backend runs and how it batches.
+pub(crate) struct Placement {
+    pub(crate) device: Device,
+    pub(crate) dtype: DType,
+    pub(crate) kernels: CpuKernels,
+    pub(crate) max_batch_tokens: usize,
+}
+
+impl CandleBackend {
+    /// Loads the weights of the model in `dir` (`model.safetensors`, else
+    /// `pytorch_model.bin`) with `head` on top. `build` says how a model without weights is
+    /// built, for the error.
+    pub(crate) fn load(
+        dir: &Path,
+        config: EncoderConfig,
+        head: &HeadKind,
+        build: Option<&Build>,
+        placement: Placement,
+    ) -> Result<Self> {
+        let Placement {
+            device,
+            dtype,
+            kernels,
+            max_batch_tokens,
+        } = placement;
+        let weights = ["model.safetensors", "pytorch_model.bin"]
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|p| p.is_file())
+            .ok_or_else(|| EngineError::MissingFile {
+                dir: dir.to_path_buf(),
+                file: match build {
+                    // A model built from its base and committed trained layers has no file to
+                    // download: say which command builds it.
+                    Some(build) => format!(
+                        "model.safetensors (built from {} by models/fetch: run models/fetch)",
+                        build.base
+                    ),
+                    None => "model.safetensors (or pytorch_model.bin)".into(),
+                },
+            })?;
+        let vb = if weights.extension().is_some_and(|e| e == "safetensors") {
+            // SAFETY: the file is memory-mapped read-only; like every mmap-based loader this
+            // assumes nobody truncates it while the engine runs.
+            unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, &device) }
+                .map_err(|e| EngineError::unreadable(&weights, e))?
+        } else {
+            VarBuilder::from_pth(&weights, dtype, &device)
+                .map_err(|e| EngineError::unreadable(&weights, e))?
+        };
+        let path = CpuPath::choose(kernels, &device, dtype, kernels::Isa::detect());
+        let model = Model::load(vb, &config, head, path)
+            .map_err(|e| EngineError::unreadable(&weights, e))?;
+        Ok(Self {
+            config,
+            model,
+            device,
+            dtype,
+            max_batch_tokens,
+        })
+    }
+}
+
+impl Backend for CandleBackend {
+    /// The fused CPU path packs each batch's rows back to back; every other path pads them,
+    /// in length-sorted batches.
+    fn forward(&self, rows: &[RowRef<'_>]) -> Result<Vec<Vec<f32>>> {
+        let lengths: Vec<usize> = rows.iter().map(|r| r.0.len()).collect();
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
+        let packs = self.model.packs();
+        let plan = if packs {
+            plan_packs(&lengths, CPU_CHUNK_TOKENS.min(self.max_batch_tokens))
+        } else {
+            plan_batches(&lengths, self.max_batch_tokens)
+        };
+        for batch in plan {
+            let slices: Vec<RowRef<'_>> = batch.iter().map(|&i| rows[i]).collect();
+            let output = if packs {
+                self.model
+                    .forward_packed(&Packed::new(&slices, &self.config, &self.device)?)?
+            } else {
+                let input = Batch::new(&slices, &self.config, &self.device, self.dtype)?;
+                self.model.forward(&input)?
+            };
+            let output: Vec<Vec<f32>> = output.to_dtype(DType::F32)?.to_vec2()?;
+            for (&i, v) in batch.iter().zip(output) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    fn config(&self) -> &EncoderConfig {
+        &self.config
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn kernels(&self) -> String {
+        self.model.kernels()
+    }
+}
+
+#[derive(Deserialize)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_max_tokens: bool,
+}
+
+#[derive(Deserialize)]
+struct StModule {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    path: String,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| EngineError::bad_file(path, e))?;
+    serde_json::from_str(&text).map_err(|e| EngineError::bad_file(path, e))
+}
+
+/// The sentence-transformers layout: `modules.json` names the pooling folder and whether a
+/// Normalize module follows.
+pub(crate) fn embedding_head(dir: &Path) -> Result<HeadKind> {
+    let modules: Vec<StModule> = read_json(&require(dir, "modules.json")?)?;
+    let normalize = modules.iter().any(|m| m.kind.ends_with(".Normalize"));
+    let pooling_dir = modules
+        .iter()
+        .find(|m| m.kind.ends_with(".Pooling"))
+        .map(|m| m.path.clone())
+        .unwrap_or_else(|| "1_Pooling".into());
+    let pooling_path = dir.join(&pooling_dir).join("config.json");
+    let pooling = if pooling_path.is_file() {
+        let p: PoolingConfig = read_json(&pooling_path)?;
+        if p.pooling_mode_max_tokens {
+            return Err(EngineError::Unsupported {
+                dir: dir.to_path_buf(),
+                message: "max pooling (only mean and cls pooling are supported)".into(),
+            });
+        }
+        if p.pooling_mode_cls_token && !p.pooling_mode_mean_tokens {
+            Pooling::Cls
+        } else {
+            Pooling::Mean
+        }
+    } else {
+        Pooling::Mean
+    };
+    Ok(HeadKind::Embedding { pooling, normalize })
+}
+
+/// The longest input a sentence-transformers folder declares (`sentence_bert_config.json`'s
+/// `max_seq_length`), if it has one.
+pub(crate) fn sentence_max_length(dir: &Path) -> Result<Option<usize>> {
+    let path = dir.join("sentence_bert_config.json");
+    Ok(path
+        .is_file()
+        .then(|| read_json::<serde_json::Value>(&path))
+        .transpose()?
+        .and_then(|v| v.get("max_seq_length").and_then(|n| n.as_u64()))
+        .map(|n| n as usize))
+}

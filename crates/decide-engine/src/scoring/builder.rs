@@ -1,0 +1,308 @@
+//! Configuring and loading an [`Engine`]: resolving the model, reading its folder (head,
+//! length, calibration, lexical weight, conformal table) and loading the backend.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device};
+
+use super::cache::EmbeddingCache;
+use super::{Engine, Inner, ModelInfo, ScoreKind};
+use crate::backend::config::{EncoderConfig, Family};
+use crate::backend::device::{device_name, CpuKernels, DeviceSpec, Precision};
+use crate::backend::{
+    embedding_head, sentence_max_length, Backend, CandleBackend, HeadKind, Placement,
+};
+use crate::calibration::Calibration;
+use crate::error::{require, EngineError, Result};
+use crate::registry::{self, HeadName, ModelLocation, DEFAULT_MODEL};
+use crate::tokenize::Tokenization;
+
+/// The default token budget of one forward pass: rows × longest row.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16_384;
+/// The default number of candidate embeddings kept by a bi-encoder.
+pub const DEFAULT_CACHE_CAPACITY: usize = 65_536;
+
+/// Configures and loads an [`Engine`]. Produces an immutable engine; all options have defaults.
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    model: String,
+    device: DeviceSpec,
+    precision: Precision,
+    max_batch_tokens: usize,
+    max_length: Option<usize>,
+    cache_capacity: usize,
+    calibration: Option<Calibration>,
+    lexical_weight: Option<f64>,
+    allow_uncalibrated: bool,
+    cpu_kernels: CpuKernels,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        Self {
+            model: DEFAULT_MODEL.to_string(),
+            device: DeviceSpec::Cpu,
+            precision: Precision::F32,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            max_length: None,
+            cache_capacity: DEFAULT_CACHE_CAPACITY,
+            calibration: None,
+            lexical_weight: None,
+            allow_uncalibrated: false,
+            cpu_kernels: CpuKernels::Auto,
+        }
+    }
+}
+
+impl EngineBuilder {
+    /// The model: a folder, a short name from `models/` or a Hugging Face id in the local cache.
+    pub fn model(mut self, spec: impl Into<String>) -> Self {
+        self.model = spec.into();
+        self
+    }
+
+    /// The device (default: cpu).
+    pub fn device(mut self, device: DeviceSpec) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// The precision (default: f32; f16 and bf16 on GPUs only).
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The token budget of one forward pass (rows × longest row; default 16384).
+    pub fn max_batch_tokens(mut self, tokens: usize) -> Self {
+        self.max_batch_tokens = tokens;
+        self
+    }
+
+    /// The longest input in tokens; capped at what the model's positions allow.
+    pub fn max_length(mut self, tokens: usize) -> Self {
+        self.max_length = Some(tokens);
+        self
+    }
+
+    /// How many candidate embeddings a bi-encoder keeps (default 65536; 0 disables the cache).
+    pub fn cache_capacity(mut self, entries: usize) -> Self {
+        self.cache_capacity = entries;
+        self
+    }
+
+    /// Replaces the model's calibration.
+    pub fn calibration(mut self, calibration: Calibration) -> Self {
+        self.calibration = Some(calibration);
+        self
+    }
+
+    /// Replaces the weight of BM25 in hybrid scoring (the manifest's
+    /// `[scoring] lexical_weight`, else 0): each document's raw score becomes
+    /// `model score + weight · BM25 coverage` (see [`crate::lexical`]). The calibration is
+    /// fitted for one weight: change both together.
+    pub fn lexical_weight(mut self, weight: f64) -> Self {
+        self.lexical_weight = Some(weight);
+        self
+    }
+
+    /// Loads a bi-encoder without a calibration, for fitting one: its decisions then fail,
+    /// raw scores still work.
+    pub fn allow_uncalibrated(mut self, allow: bool) -> Self {
+        self.allow_uncalibrated = allow;
+        self
+    }
+
+    /// Which code runs the encoder on the CPU (default: the fused kernels at the widest
+    /// instruction set the CPU has; [`CpuKernels::Stock`] for candle's own ops).
+    pub fn cpu_kernels(mut self, kernels: CpuKernels) -> Self {
+        self.cpu_kernels = kernels;
+        self
+    }
+
+    /// Resolves the model offline and loads it.
+    pub fn build(self) -> Result<Engine> {
+        if self.max_batch_tokens == 0 || self.max_batch_tokens > 1 << 24 {
+            return Err(EngineError::InvalidOption {
+                option: "max-batch-tokens",
+                message: format!(
+                    "{} is out of range (1 to {})",
+                    self.max_batch_tokens,
+                    1usize << 24
+                ),
+            });
+        }
+        if let Some(w) = self.lexical_weight {
+            if !(0.0..=100.0).contains(&w) {
+                return Err(EngineError::InvalidOption {
+                    option: "lexical-weight",
+                    message: format!("{w} is out of range (0 to 100)"),
+                });
+            }
+        }
+        let location = registry::resolve(&self.model)?;
+        let device = self.device.open()?;
+        let dtype = self.precision.dtype_for(&device)?;
+        Engine::load(location, device, dtype, self)
+    }
+}
+
+impl Engine {
+    /// A builder with the defaults: the default model on the CPU in f32.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    fn load(
+        location: ModelLocation,
+        device: Device,
+        dtype: DType,
+        options: EngineBuilder,
+    ) -> Result<Engine> {
+        let dir = location.dir.clone();
+        let config = EncoderConfig::from_file(&require(&dir, "config.json")?)?;
+        // Loaded before the head is known so that a missing tokenizer is reported first; its
+        // length is set once the manifest and the model's limit are read.
+        let tokens = Tokenization::from_dir(&dir, config.max_tokens())?;
+
+        let head_name = match location.manifest.as_ref().map(|m| m.head) {
+            Some(h) => h,
+            None if dir.join("modules.json").is_file() && config.labels.is_empty() => {
+                HeadName::BiEncoder
+            }
+            None if !config.labels.is_empty() => HeadName::CrossEncoder,
+            None => {
+                return Err(EngineError::Unsupported {
+                    dir,
+                    message: "neither a sentence-transformers folder (modules.json) nor a \
+                              sequence classifier (id2label in config.json)"
+                        .into(),
+                })
+            }
+        };
+        let head = match head_name {
+            HeadName::BiEncoder => embedding_head(&dir)?,
+            HeadName::CrossEncoder => HeadKind::Classifier,
+        };
+        let (score_kind, entailment_index) = match head_name {
+            HeadName::BiEncoder => (ScoreKind::Cosine, 0),
+            HeadName::CrossEncoder => match config.labels.len() {
+                0 | 1 => (ScoreKind::Logit, 0),
+                2 => (ScoreKind::Logit, 1),
+                _ => match config
+                    .labels
+                    .iter()
+                    .position(|l| l.eq_ignore_ascii_case("entailment"))
+                {
+                    Some(i) => (ScoreKind::Entailment, i),
+                    None => {
+                        return Err(EngineError::Unsupported {
+                            dir,
+                            message: format!(
+                            "a classifier with {} labels needs an 'entailment' label (labels: {})",
+                            config.labels.len(),
+                            config.labels.join(", ")
+                        ),
+                        })
+                    }
+                },
+            },
+        };
+
+        let calibration = options
+            .calibration
+            .or_else(|| location.manifest.as_ref().and_then(|m| m.calibration))
+            .or(match head_name {
+                // A cross-encoder is trained through a sigmoid or softmax: its own output is
+                // already a probability until a fitted calibration replaces it.
+                HeadName::CrossEncoder => Some(Calibration::IDENTITY),
+                HeadName::BiEncoder => None,
+            });
+        if calibration.is_none() && !options.allow_uncalibrated {
+            return Err(EngineError::Uncalibrated {
+                model: location.name.clone(),
+                hint:
+                    "a bi-encoder's cosine is not a probability; fit one with `decide calibrate` \
+                       and add it as [calibration] to the model's manifest.toml"
+                        .into(),
+            });
+        }
+
+        let model_limit = config.max_tokens();
+        let st_limit = sentence_max_length(&dir)?;
+        let mut max_length = location
+            .manifest
+            .as_ref()
+            .map(|m| m.max_length)
+            .or(st_limit)
+            .unwrap_or(model_limit)
+            .min(model_limit);
+        if let Some(requested) = options.max_length {
+            if requested < 8 || requested > model_limit {
+                return Err(EngineError::InvalidOption {
+                    option: "max-length",
+                    message: format!("{requested} is out of range (8 to {model_limit})"),
+                });
+            }
+            max_length = requested;
+        }
+
+        let backend = CandleBackend::load(
+            &dir,
+            config,
+            &head,
+            location.manifest.as_ref().and_then(|m| m.build.as_ref()),
+            Placement {
+                device,
+                dtype,
+                kernels: options.cpu_kernels,
+                max_batch_tokens: options.max_batch_tokens,
+            },
+        )?;
+
+        let manifest_weight = location
+            .manifest
+            .as_ref()
+            .and_then(|m| m.scoring.as_ref())
+            .map(|s| s.lexical_weight)
+            .unwrap_or(0.0);
+        let lexical_weight = options.lexical_weight.unwrap_or(manifest_weight);
+        // The table holds the probabilities of the manifest's calibration over the manifest's
+        // scores: another calibration or weight makes other probabilities, and its thresholds
+        // would promise a recall nobody measured.
+        let conformal = location
+            .manifest
+            .as_ref()
+            .and_then(|m| m.conformal.clone())
+            .filter(|_| options.calibration.is_none() && lexical_weight == manifest_weight);
+        let info = ModelInfo {
+            name: location.name.clone(),
+            hf_id: location.manifest.as_ref().map(|m| m.hf_id.clone()),
+            dir: dir.clone(),
+            architecture: match backend.config().family {
+                Family::Bert => "bert".into(),
+                Family::Roberta => "roberta".into(),
+            },
+            head: head_name,
+            score_kind,
+            max_length,
+            device: device_name(backend.device()),
+            dtype: format!("{:?}", backend.dtype()).to_lowercase(),
+            calibration,
+            lexical_weight,
+            conformal,
+        };
+        tracing::debug!(model = %info.name, dir = %dir.display(), head = info.head.as_str(), "model loaded");
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                tokens: tokens.with_max_length(info.max_length),
+                info,
+                backend: Box::new(backend),
+                max_batch_tokens: options.max_batch_tokens,
+                entailment_index,
+                cache: Mutex::new(EmbeddingCache::new(options.cache_capacity)),
+                lexical: Default::default(),
+            }),
+        })
+    }
+}

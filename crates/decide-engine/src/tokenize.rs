@@ -1,0 +1,218 @@
+//! Text to token ids, trimmed to the model's length the way the engine reads it.
+//!
+//! A model is only ever asked what it was trained on when training and inference tokenize and
+//! trim alike, so both go through [`Tokenization`]:
+//!
+//! * a **query** (a conversation, oldest message first) keeps its end, the latest turns;
+//! * a **document** (a tool's or route's text) keeps its start, its name and first words;
+//! * a **(query, document) pair**, as a cross-encoder reads it, loses the query's oldest tokens
+//!   first; the document is cut only when it alone would crowd the query out of a quarter of
+//!   the budget ([`trim_pair`]).
+//!
+//! Texts are tokenized without special tokens first ([`Tokenization::encode`]), so that a query
+//! shared by many pairs is tokenized once; the special tokens are added after trimming, within
+//! the model's length.
+
+use std::path::{Path, PathBuf};
+
+use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
+
+use crate::error::{require, EngineError, Result};
+
+/// One row as the model reads it: token ids with special tokens, and their token type ids.
+// No `Debug`: token ids decode back to the user's text.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TokenRow {
+    /// The token ids, special tokens included.
+    pub ids: Vec<u32>,
+    /// The token type of each id (0 for the query, 1 for the document of a BERT pair).
+    pub type_ids: Vec<u32>,
+}
+
+impl TokenRow {
+    /// Its length in tokens, special tokens included.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether it has no token.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// A model's tokenizer with the model's length: turns queries, documents and pairs into
+/// [`TokenRow`]s that fit it.
+///
+/// ```no_run
+/// # fn main() -> decide_engine::Result<()> {
+/// use decide_engine::Tokenization;
+/// let tokens = Tokenization::from_dir("models/all-MiniLM-L6-v2".as_ref(), 256)?;
+/// let query = tokens.encode_query("user: what is the weather in Lisbon?")?;
+/// let pair = tokens.encode_pair("user: what is the weather in Lisbon?", "get_weather")?;
+/// assert!(query.len() <= 256 && pair.len() <= 256);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Tokenization {
+    tokenizer: Tokenizer,
+    max_length: usize,
+    /// Special tokens the post-processor adds to one text and to a pair.
+    specials: (usize, usize),
+}
+
+impl std::fmt::Debug for Tokenization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenization")
+            .field("max_length", &self.max_length)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokenization {
+    /// Loads `tokenizer.json` from a model folder; rows will hold at most `max_length` tokens,
+    /// special tokens included.
+    pub fn from_dir(dir: &Path, max_length: usize) -> Result<Self> {
+        Self::from_file(&require(dir, "tokenizer.json")?, max_length)
+    }
+
+    /// Loads a `tokenizer.json` file; rows will hold at most `max_length` tokens, special tokens
+    /// included.
+    pub fn from_file(path: &Path, max_length: usize) -> Result<Self> {
+        let fail = |e: tokenizers::Error| EngineError::unreadable(PathBuf::from(path), e);
+        let mut tokenizer = Tokenizer::from_file(path).map_err(fail)?;
+        // Tokenizer files often carry a fixed truncation and padding for another runtime; rows
+        // are trimmed here and padded by the model, per batch.
+        tokenizer.with_truncation(None).map_err(fail)?;
+        tokenizer.with_padding(None);
+        let specials = tokenizer
+            .get_post_processor()
+            .map(|p| (p.added_tokens(false), p.added_tokens(true)))
+            .unwrap_or((0, 0));
+        Ok(Self {
+            tokenizer,
+            max_length,
+            specials,
+        })
+    }
+
+    /// The same tokenizer with another length.
+    pub fn with_max_length(mut self, max_length: usize) -> Self {
+        self.max_length = max_length;
+        self
+    }
+
+    /// The most tokens a row holds, special tokens included.
+    pub fn max_length(&self) -> usize {
+        self.max_length
+    }
+
+    /// The underlying Hugging Face tokenizer (truncation and padding off).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// A text's tokens without special tokens and untrimmed: the first step of every row, to
+    /// be kept when one text goes into many rows.
+    pub fn encode(&self, text: &str) -> Result<Encoding> {
+        self.tokenizer
+            .encode_fast(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// A text's token count without special tokens.
+    pub fn count_tokens(&self, text: &str) -> Result<usize> {
+        Ok(self.encode(text)?.len())
+    }
+
+    /// A query alone (as a bi-encoder embeds it): keeps its end, the latest turns.
+    pub fn encode_query(&self, text: &str) -> Result<TokenRow> {
+        self.query_row(self.encode(text)?)
+    }
+
+    /// A document alone (as a bi-encoder embeds it): keeps its start.
+    pub fn encode_document(&self, text: &str) -> Result<TokenRow> {
+        self.document_row(self.encode(text)?)
+    }
+
+    /// A (query, document) pair as a cross-encoder reads it, trimmed by [`trim_pair`].
+    pub fn encode_pair(&self, query: &str, document: &str) -> Result<TokenRow> {
+        self.pair_row(self.encode(query)?, self.encode(document)?)
+    }
+
+    /// [`encode_query`](Self::encode_query) of an [`encode`](Self::encode)d text.
+    pub fn query_row(&self, query: Encoding) -> Result<TokenRow> {
+        self.single_row(query, true)
+    }
+
+    /// [`encode_document`](Self::encode_document) of an [`encode`](Self::encode)d text.
+    pub fn document_row(&self, document: Encoding) -> Result<TokenRow> {
+        self.single_row(document, false)
+    }
+
+    /// [`encode_pair`](Self::encode_pair) of [`encode`](Self::encode)d texts.
+    pub fn pair_row(&self, mut query: Encoding, mut document: Encoding) -> Result<TokenRow> {
+        let budget = self.max_length.saturating_sub(self.specials.1);
+        trim_pair(&mut query, &mut document, budget);
+        self.finish(query, Some(document))
+    }
+
+    /// Token ids back to text, special tokens dropped (for inspecting trimming).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    fn single_row(&self, mut text: Encoding, keep_end: bool) -> Result<TokenRow> {
+        let budget = self.max_length.saturating_sub(self.specials.0);
+        trim_single(&mut text, budget, keep_end);
+        self.finish(text, None)
+    }
+
+    /// Adds the special tokens.
+    fn finish(&self, first: Encoding, second: Option<Encoding>) -> Result<TokenRow> {
+        let enc = self
+            .tokenizer
+            .post_process(first, second, true)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(TokenRow {
+            ids: enc.get_ids().to_vec(),
+            type_ids: enc.get_type_ids().to_vec(),
+        })
+    }
+}
+
+/// Trims one text's tokens (special tokens not yet added) to `budget`: a query keeps its end
+/// (the latest turns), a tool its start. The engine and `decide-train` both trim through this,
+/// so a trained model sees what it will be asked.
+pub fn trim_single(enc: &mut Encoding, budget: usize, keep_end: bool) {
+    if enc.len() > budget {
+        let direction = if keep_end {
+            TruncationDirection::Left
+        } else {
+            TruncationDirection::Right
+        };
+        enc.truncate(budget, 0, direction);
+        enc.take_overflowing();
+    }
+}
+
+/// Trims a (query, candidate) pair (special tokens not yet added) to `budget` tokens as a
+/// cross-encoder reads it: the query loses its oldest tokens first; the candidate is cut only
+/// when it alone would crowd the query out of its reserved quarter of the budget.
+pub fn trim_pair(query: &mut Encoding, candidate: &mut Encoding, budget: usize) {
+    if query.len() + candidate.len() <= budget {
+        return;
+    }
+    let reserve = query.len().min(budget / 4);
+    let cand_keep = candidate.len().min(budget - reserve);
+    let query_keep = query.len().min(budget - cand_keep);
+    if candidate.len() > cand_keep {
+        candidate.truncate(cand_keep, 0, TruncationDirection::Right);
+        candidate.take_overflowing();
+    }
+    query.truncate(query_keep, 0, TruncationDirection::Left);
+    query.take_overflowing();
+}
