@@ -62,15 +62,19 @@ impl From<serde_json::Error> for ParseError {
     }
 }
 
-/// The JSON type of a value, for "expected X, got Y" messages.
-pub(crate) fn type_name(value: &Value) -> &'static str {
+/// The JSON type of a value with its article (`a number`, `an array`, `null`), for "expected X, got Y" messages.
+///
+/// Every crate that reads JSON by hand words these messages alike through this one function; it is public for them,
+/// not as part of the crate's API.
+#[doc(hidden)]
+pub fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -144,7 +148,7 @@ mod tests {
         let names: Vec<_> = values.iter().map(type_name).collect();
         assert_eq!(
             names,
-            ["null", "boolean", "number", "string", "array", "object"]
+            ["null", "a boolean", "a number", "a string", "an array", "an object"]
         );
     }
 }
