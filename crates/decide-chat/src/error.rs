@@ -21,9 +21,9 @@ pub enum ParseError {
         message: String,
     },
     /// The JSON is well formed but is not the expected shape.
-    #[error("{path}: {message}")]
+    #[error("{}{message}", prefix(.path))]
     Invalid {
-        /// Where the problem is, e.g. `messages[2].content[0].type`.
+        /// Where the problem is, e.g. `messages[2].content[0].type`; empty for the input as a whole.
         path: String,
         /// What is wrong there, e.g. `unknown content type "foo"`.
         message: String,
@@ -59,6 +59,15 @@ impl From<serde_json::Error> for ParseError {
             column: error.column(),
             message: one_line(message),
         }
+    }
+}
+
+/// `path: `, or nothing for the input as a whole.
+fn prefix(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}: ")
     }
 }
 
@@ -148,7 +157,14 @@ mod tests {
         let names: Vec<_> = values.iter().map(type_name).collect();
         assert_eq!(
             names,
-            ["null", "a boolean", "a number", "a string", "an array", "an object"]
+            [
+                "null",
+                "a boolean",
+                "a number",
+                "a string",
+                "an array",
+                "an object"
+            ]
         );
     }
 }

@@ -84,6 +84,7 @@
 
 mod error;
 mod filter;
+mod request;
 mod selection;
 mod template;
 
@@ -95,5 +96,6 @@ pub use filter::{
     FilteringToolProvider, FilteringToolProviderBuilder, DEFAULT_MAX_MESSAGES,
     DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MIN_PROBABILITY,
 };
+pub use request::{provider_request, FilterOptions, SelectRequest};
 pub use selection::{Fallback, FallbackUsed, Reason, Selection, ToolDecision};
 pub use template::{QuestionTemplate, DEFAULT_QUESTION_TEMPLATE};

@@ -102,6 +102,7 @@ mod decision;
 mod error;
 mod route;
 mod routing;
+mod spec;
 
 #[cfg(test)]
 mod tests;
@@ -116,3 +117,4 @@ pub use route::{
     ChatModelRoutingResult, RouteFuture,
 };
 pub use routing::{RoutingChatModel, RoutingChatModelBuilder, ROUTE_ATTRIBUTE, TOOL_CALL_MEMORY};
+pub use spec::{RouteRequest, RoutesSpec};

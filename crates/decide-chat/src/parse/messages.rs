@@ -536,7 +536,10 @@ mod tests {
     #[test]
     fn message_errors() {
         let cases = [
-            (json!(["hi"]), "messages[0]: expected an object, got a string"),
+            (
+                json!(["hi"]),
+                "messages[0]: expected an object, got a string",
+            ),
             (json!([{"content": "hi"}]), r#"messages[0]: missing "role""#),
             (
                 json!([{"role": 1, "content": "hi"}]),

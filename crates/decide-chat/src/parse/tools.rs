@@ -328,7 +328,10 @@ mod tests {
     #[test]
     fn top_level_errors() {
         let expected = r#"expected an array of tools, an object with "tools" or a JSON-RPC tools/list response"#;
-        assert_eq!(error(json!("x")), format!("tools: {expected}, got a string"));
+        assert_eq!(
+            error(json!("x")),
+            format!("tools: {expected}, got a string")
+        );
         assert_eq!(error(json!(null)), format!("tools: {expected}, got null"));
         assert_eq!(
             error(json!({"foo": 1})),
