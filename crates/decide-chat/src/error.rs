@@ -39,7 +39,8 @@ impl ParseError {
         }
     }
 
-    pub(crate) fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A value that is not the expected shape: `path` (empty for the input as a whole) and what is wrong there.
+    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
         ParseError::Invalid {
             path: path.into(),
             message: message.into(),

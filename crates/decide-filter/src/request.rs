@@ -105,25 +105,24 @@ pub struct SelectRequest {
 impl SelectRequest {
     /// Reads a request body; unknown keys are refused and every error names its JSON path.
     pub fn from_value(json: Value) -> Result<Self, ParseError> {
-        let invalid = |path: &str, message: String| ParseError::Invalid {
-            path: path.to_owned(),
-            message,
-        };
         let body: SelectBody = from_value(json)?;
         let messages = conversation(body.messages, body.text)?;
         let tools = match body.tools {
-            None => return Err(invalid("tools", "missing".into())),
-            Some(tools) if tools.is_empty() => return Err(invalid("tools", "empty".into())),
+            None => return Err(ParseError::invalid("tools", "missing")),
+            Some(tools) if tools.is_empty() => return Err(ParseError::invalid("tools", "empty")),
             Some(tools) => tools,
         };
-        let request = provider_request(&messages)
-            .ok_or_else(|| invalid("messages", "the conversation has no user message".into()))?;
+        let request = provider_request(&messages).ok_or_else(|| {
+            ParseError::invalid("messages", "the conversation has no user message")
+        })?;
         let fallback = body
             .fallback
             .map(|f| {
                 f.parse().map_err(|e| match e {
-                    FilterError::InvalidConfig { option, message } => invalid(option, message),
-                    other => invalid("fallback", other.to_string()),
+                    FilterError::InvalidConfig { option, message } => {
+                        ParseError::invalid(option, message)
+                    }
+                    other => ParseError::invalid("fallback", other.to_string()),
                 })
             })
             .transpose()?;

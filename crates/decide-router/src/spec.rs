@@ -8,7 +8,6 @@ use std::sync::Arc;
 use decide_chat::parse::{conversation, from_slice, from_value, messages_field};
 use decide_chat::{ChatMessage, ChatRequest, ParseError};
 use decide_contract::DecisionModel;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -57,27 +56,6 @@ struct RouteBody {
     min_probability: Option<f64>,
 }
 
-fn invalid(path: impl Into<String>, message: impl Into<String>) -> ParseError {
-    ParseError::Invalid {
-        path: path.into(),
-        message: message.into(),
-    }
-}
-
-/// Reads `T` from a JSON object, naming the whole input when it is not one.
-fn object<T: DeserializeOwned>(json: Value) -> Result<T, ParseError> {
-    if !json.is_object() {
-        return Err(invalid(
-            "",
-            format!(
-                "expected an object, got {}",
-                decide_chat::error::type_name(&json)
-            ),
-        ));
-    }
-    from_value(json)
-}
-
 /// A set of routes and the route taken when the router chooses none: what a routes file holds.
 ///
 /// Every way of building one checks, naming the JSON path: at least one route; names present, not blank and unique;
@@ -92,7 +70,7 @@ pub struct RoutesSpec {
 impl RoutesSpec {
     /// Reads `{"default": NAME, "routes": [{"name", "description"?, "descriptions"?}]}`; unknown keys are refused.
     pub fn from_value(json: Value) -> Result<Self, ParseError> {
-        let file: RoutesFile = object(json)?;
+        let file: RoutesFile = from_value(json)?;
         Self::check(file.routes, file.default)
     }
 
@@ -116,8 +94,10 @@ impl RoutesSpec {
         default: Option<String>,
     ) -> Result<Self, ParseError> {
         let entries = match entries {
-            None => return Err(invalid("routes", "missing")),
-            Some(entries) if entries.is_empty() => return Err(invalid("routes", "empty")),
+            None => return Err(ParseError::invalid("routes", "missing")),
+            Some(entries) if entries.is_empty() => {
+                return Err(ParseError::invalid("routes", "empty"))
+            }
             Some(entries) => entries,
         };
         let mut names = HashSet::with_capacity(entries.len());
@@ -125,28 +105,31 @@ impl RoutesSpec {
         for (i, entry) in entries.into_iter().enumerate() {
             let at = format!("routes[{i}]");
             let name = match entry.name {
-                None => return Err(invalid(format!("{at}.name"), "missing")),
+                None => return Err(ParseError::invalid(format!("{at}.name"), "missing")),
                 Some(name) if name.trim().is_empty() => {
-                    return Err(invalid(format!("{at}.name"), "blank"))
+                    return Err(ParseError::invalid(format!("{at}.name"), "blank"))
                 }
                 Some(name) => name,
             };
             if !names.insert(name.clone()) {
-                return Err(invalid(
+                return Err(ParseError::invalid(
                     format!("{at}.name"),
                     format!("duplicate route name {name:?}"),
                 ));
             }
             let text = |path: String, text: String| {
                 if text.trim().is_empty() {
-                    Err(invalid(path, "blank"))
+                    Err(ParseError::invalid(path, "blank"))
                 } else {
                     Ok(text)
                 }
             };
             routes.push(match (entry.description, entry.descriptions) {
                 (Some(_), Some(_)) => {
-                    return Err(invalid(at, "give description or descriptions, not both"))
+                    return Err(ParseError::invalid(
+                        at,
+                        "give description or descriptions, not both",
+                    ))
                 }
                 (Some(d), None) => ChatModelRoute::new(name, text(format!("{at}.description"), d)?),
                 (None, Some(ds)) => ChatModelRoute::with_descriptions(
@@ -160,19 +143,19 @@ impl RoutesSpec {
             });
         }
         let Some(default) = default else {
-            return Err(invalid("default", "missing"));
+            return Err(ParseError::invalid("default", "missing"));
         };
         if !names.contains(&default) {
             let names: Vec<&str> = routes.iter().map(ChatModelRoute::name).collect();
-            return Err(invalid(
+            return Err(ParseError::invalid(
                 "default",
                 format!("{default:?} is not one of the routes {}", names.join(", ")),
             ));
         }
         // The router would reject these at the first request; the input is the place to say so.
         validate_option_names(&routes).map_err(|e| match e {
-            RouterError::InvalidConfig { option, message } => invalid(option, message),
-            other => invalid("routes", other.to_string()),
+            RouterError::InvalidConfig { option, message } => ParseError::invalid(option, message),
+            other => ParseError::invalid("routes", other.to_string()),
         })?;
         Ok(Self { default, routes })
     }
@@ -196,11 +179,11 @@ pub struct RouteRequest {
 impl RouteRequest {
     /// Reads a request body; unknown keys are refused and every error names its JSON path.
     pub fn from_value(json: Value) -> Result<Self, ParseError> {
-        let body: RouteBody = object(json)?;
+        let body: RouteBody = from_value(json)?;
         let messages = conversation(body.messages, body.text)?;
         let routes = RoutesSpec::check(body.routes, body.default)?;
-        let chat =
-            ChatRequest::from_messages(messages).map_err(|e| invalid("messages", e.to_string()))?;
+        let chat = ChatRequest::from_messages(messages)
+            .map_err(|e| ParseError::invalid("messages", e.to_string()))?;
         Ok(Self {
             chat,
             routes,

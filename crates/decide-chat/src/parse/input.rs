@@ -10,20 +10,26 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{parse_messages, parse_tools};
-use crate::error::ParseError;
+use crate::error::{type_name, ParseError};
 use crate::message::ChatMessage;
 use crate::tool::ToolSpecification;
 
-/// Reads `T` from JSON text. A syntax error names the line and column; any other problem is a
+/// [`from_value`] of JSON text. A syntax error names the line and column; any other problem is a
 /// [`ParseError::Invalid`] at its JSON path, with an empty path for the text as a whole.
 pub fn from_slice<T: DeserializeOwned>(json: &[u8]) -> Result<T, ParseError> {
     from_value(serde_json::from_slice(json)?)
 }
 
-/// Reads `T` from a JSON value, naming the path of the first problem: `routes[2].name: missing`,
-/// `routes[0].descripton: unknown field (expected name, description, descriptions)`, or serde's own words for a
-/// value of the wrong type (`max_results: invalid value: integer `-1`, expected usize`).
+/// Reads `T`, a type read from a JSON object (a request body, a file), naming the path of the first problem:
+/// `routes[2].name: missing`, `routes[0].descripton: unknown field (expected name, description, descriptions)`, or
+/// serde's own words for a value of the wrong type (`max_results: invalid value: integer `-1`, expected usize`).
 pub fn from_value<T: DeserializeOwned>(json: Value) -> Result<T, ParseError> {
+    if !json.is_object() {
+        return Err(ParseError::invalid(
+            "",
+            format!("expected an object, got {}", type_name(&json)),
+        ));
+    }
     serde_path_to_error::deserialize(json).map_err(|error| {
         let path = match error.path().to_string() {
             root if root == "." => String::new(),
@@ -74,10 +80,7 @@ fn join(at: &str, key: &str) -> String {
 pub fn messages_field<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Vec<ChatMessage>>, D::Error> {
-    match Value::deserialize(deserializer)? {
-        Value::Null => Ok(None),
-        value => parse_messages(&value).map(Some).map_err(D::Error::custom),
-    }
+    parsed_field(deserializer, parse_messages)
 }
 
 /// For `#[serde(default, deserialize_with = "decide_chat::parse::tools_field")]`: a tool list in any shape
@@ -85,9 +88,17 @@ pub fn messages_field<'de, D: Deserializer<'de>>(
 pub fn tools_field<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Vec<ToolSpecification>>, D::Error> {
+    parsed_field(deserializer, parse_tools)
+}
+
+/// A field read by one of the hand-written parsers, whose error (with its own path) becomes the field's.
+fn parsed_field<'de, D: Deserializer<'de>, T>(
+    deserializer: D,
+    parse: fn(&Value) -> Result<T, ParseError>,
+) -> Result<Option<T>, D::Error> {
     match Value::deserialize(deserializer)? {
         Value::Null => Ok(None),
-        value => parse_tools(&value).map(Some).map_err(D::Error::custom),
+        value => parse(&value).map(Some).map_err(D::Error::custom),
     }
 }
 
@@ -167,6 +178,7 @@ mod tests {
             from_slice::<Body>(b"{\"items\": ").unwrap_err().path(),
             None
         );
+        assert_eq!(error(json!([])), "expected an object, got an array");
         let body: Body = from_value(json!({"items": [], "messages": null})).unwrap();
         assert!(body.messages.is_none());
     }
