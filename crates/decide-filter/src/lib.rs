@@ -45,6 +45,9 @@
 //!   are public: what the model receives can be inspected and tested.
 //! * **Fail at build, not at the first message.** Every option is checked by
 //!   [`FilteringToolProviderBuilder::build`], including the question template, and the error names the option.
+//! * **One typed input.** [`SelectRequest`] is what `/v1/select` reads and [`FilterOptions`] what every front end
+//!   sets: read with serde, unknown keys refused, errors at their JSON path, so the server and the command line set
+//!   the filter up alike.
 //! * **No state.** The filter keeps no cache between calls: the wrapped provider's tools and the conversation can
 //!   change between any two calls, and the engine already caches what is expensive (tool embeddings).
 //!

@@ -259,7 +259,7 @@ mod tests {
             ),
             (
                 route(json!({"name": 3})),
-                "routes[1].name: invalid type: integer `3`, expected a string",
+                "routes[1].name: expected a string, got a number",
             ),
             (route(json!({"name": " "})), "routes[1].name: blank"),
             (
@@ -280,7 +280,7 @@ mod tests {
             ),
             (
                 route(json!({"name": "b", "descriptions": ["x", 1]})),
-                "routes[1].descriptions[1]: invalid type: integer `1`, expected a string",
+                "routes[1].descriptions[1]: expected a string, got a number",
             ),
             (
                 route(json!({"name": "b", "description": "x", "descriptions": ["y"]})),
@@ -288,7 +288,7 @@ mod tests {
             ),
             (
                 route(json!("b")),
-                r#"routes[1]: invalid type: string "b", expected a route {"name", "description"?, "descriptions"?}"#,
+                r#"routes[1]: expected a route {"name", "description"?, "descriptions"?}, got a string"#,
             ),
             (json!({"routes": [{"name": "a"}]}), "default: missing"),
             (

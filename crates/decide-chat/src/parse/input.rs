@@ -22,7 +22,7 @@ pub fn from_slice<T: DeserializeOwned>(json: &[u8]) -> Result<T, ParseError> {
 
 /// Reads `T`, a type read from a JSON object (a request body, a file), naming the path of the first problem:
 /// `routes[2].name: missing`, `routes[0].descripton: unknown field (expected name, description, descriptions)`, or
-/// serde's own words for a value of the wrong type (`max_results: invalid value: integer `-1`, expected usize`).
+/// `expected a string, got a number` for a value of the wrong type.
 pub fn from_value<T: DeserializeOwned>(json: Value) -> Result<T, ParseError> {
     if !json.is_object() {
         return Err(ParseError::invalid(
@@ -56,8 +56,34 @@ pub fn from_value<T: DeserializeOwned>(json: Value) -> Result<T, ParseError> {
                 format!("unknown field (expected {})", known.join(", ")),
             );
         }
-        ParseError::invalid(path, message)
+        ParseError::invalid(path, plain_words(&message).unwrap_or(message))
     })
+}
+
+/// serde's "invalid type: integer `3`, expected a string" in the words of the hand-written parsers: "expected a
+/// string, got a number".
+fn plain_words(message: &str) -> Option<String> {
+    let (found, expected) = message
+        .strip_prefix("invalid type: ")?
+        .split_once(", expected ")?;
+    let found = [
+        ("boolean", "a boolean"),
+        ("integer", "a number"),
+        ("floating point", "a number"),
+        ("string", "a string"),
+        ("null", "null"),
+        ("sequence", "an array"),
+        ("map", "an object"),
+    ]
+    .iter()
+    .find(|(serde, _)| found.starts_with(serde))?
+    .1;
+    let expected = match expected {
+        "a sequence" => "an array",
+        "a map" => "an object",
+        other => other,
+    };
+    Some(format!("expected {expected}, got {found}"))
 }
 
 /// The text between `start` (at the beginning of `text`) and the next `end`.
@@ -169,6 +195,18 @@ mod tests {
         assert_eq!(
             error(json!({"items": [{"name": "a", "size": -1}]})),
             "items[0].size: invalid value: integer `-1`, expected usize"
+        );
+        assert_eq!(
+            error(json!({"items": [{"name": 3}]})),
+            "items[0].name: expected a string, got a number"
+        );
+        assert_eq!(
+            error(json!({"items": {}})),
+            "items: expected an array, got an object"
+        );
+        assert_eq!(
+            error(json!({"items": [{"name": null}]})),
+            "items[0].name: expected a string, got null"
         );
         assert_eq!(
             error(json!({"items": [], "messages": [{"role": 3}]})),
