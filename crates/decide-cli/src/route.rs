@@ -9,9 +9,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
 use decide_chat::{ChatMessage, ChatRequest};
-use decide_router::{
-    ChatModelRoutingRequest, RouteDecision, RouteReason, RouteRequest, RoutesSpec,
-};
+use decide_router::{RouteDecision, RouteReason, RouteRequest, RoutesSpec};
 use serde_json::{Map, Value};
 
 use crate::args::{Global, RouteArgs};
@@ -63,10 +61,7 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     let routes = request.routes.routes();
     let started = Instant::now();
     let decision = router
-        .decide(&ChatModelRoutingRequest::new(
-            &request.chat,
-            routes.to_vec(),
-        ))
+        .decide(&request.routing_request())
         .with_context(|| source.clone())?;
     let elapsed = started.elapsed();
     let chosen = decision

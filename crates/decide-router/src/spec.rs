@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::decision::{DecisionModelChatModelRouter, Fallback};
 use crate::error::RouterError;
-use crate::route::{validate_option_names, ChatModelRoute};
+use crate::route::{validate_option_names, ChatModelRoute, ChatModelRoutingRequest};
 
 /// One route as written: a misspelt `"descriptions"` is refused rather than leaving the route described by its name.
 #[derive(Deserialize)]
@@ -195,6 +195,11 @@ impl RouteRequest {
     /// [`from_value`](Self::from_value) of JSON text; a syntax error names the line and column.
     pub fn from_slice(json: &[u8]) -> Result<Self, ParseError> {
         Self::from_value(from_slice(json)?)
+    }
+
+    /// What the router is asked: the conversation and every route as a candidate.
+    pub fn routing_request(&self) -> ChatModelRoutingRequest<'_> {
+        ChatModelRoutingRequest::new(&self.chat, self.routes.routes.clone())
     }
 
     /// The router this request asks for, over `decision_model`. A failed decision is the caller's to see

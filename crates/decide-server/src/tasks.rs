@@ -12,7 +12,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use decide_chat::StaticToolProvider;
 use decide_filter::{FilterError, FilteringToolProvider, SelectRequest};
-use decide_router::{ChatModelRoutingRequest, RouteRequest, RouterError};
+use decide_router::{RouteRequest, RouterError};
 use serde_json::{json, Map, Value};
 
 use crate::api_error::ApiError;
@@ -102,21 +102,17 @@ async fn route(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Va
             other => ApiError::bad("", other.to_string()),
         })?;
     let retry = state.inner.config.retry_after_secs;
-    let routes = request.routes.routes().to_vec();
-    let chat = request.chat;
+    let default = request.routes.default_route().to_owned();
     let decision = blocking(&state, move || {
         router
-            .decide(&ChatModelRoutingRequest::new(&chat, routes))
+            .decide(&request.routing_request())
             .map_err(|e| match e {
                 RouterError::Decision(d) => ApiError::from_decision(d, retry),
                 other => ApiError::Internal(other.to_string()),
             })
     })
     .await?;
-    let chosen = decision
-        .result
-        .route_name()
-        .unwrap_or(request.routes.default_route());
+    let chosen = decision.result.route_name().unwrap_or(&default);
     let probabilities: Map<String, Value> = decision
         .probabilities
         .iter()
