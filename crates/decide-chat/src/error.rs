@@ -21,9 +21,9 @@ pub enum ParseError {
         message: String,
     },
     /// The JSON is well formed but is not the expected shape.
-    #[error("{path}: {message}")]
+    #[error("{}{message}", prefix(.path))]
     Invalid {
-        /// Where the problem is, e.g. `messages[2].content[0].type`.
+        /// Where the problem is, e.g. `messages[2].content[0].type`; empty for the input as a whole.
         path: String,
         /// What is wrong there, e.g. `unknown content type "foo"`.
         message: String,
@@ -39,7 +39,8 @@ impl ParseError {
         }
     }
 
-    pub(crate) fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A value that is not the expected shape: `path` (empty for the input as a whole) and what is wrong there.
+    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
         ParseError::Invalid {
             path: path.into(),
             message: message.into(),
@@ -62,15 +63,28 @@ impl From<serde_json::Error> for ParseError {
     }
 }
 
-/// The JSON type of a value, for "expected X, got Y" messages.
-pub(crate) fn type_name(value: &Value) -> &'static str {
+/// `path: `, or nothing for the input as a whole.
+fn prefix(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}: ")
+    }
+}
+
+/// The JSON type of a value with its article (`a number`, `an array`, `null`), for "expected X, got Y" messages.
+///
+/// Every crate that reads JSON by hand words these messages alike through this one function; it is public for them,
+/// not as part of the crate's API.
+#[doc(hidden)]
+pub fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -144,7 +158,14 @@ mod tests {
         let names: Vec<_> = values.iter().map(type_name).collect();
         assert_eq!(
             names,
-            ["null", "boolean", "number", "string", "array", "object"]
+            [
+                "null",
+                "a boolean",
+                "a number",
+                "a string",
+                "an array",
+                "an object"
+            ]
         );
     }
 }

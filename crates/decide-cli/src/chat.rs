@@ -98,7 +98,7 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
         (Some(path), Some(decisions)) => {
             let routes = read_routes(path)?;
             let mut builder = RoutingChatModel::builder();
-            for route in &routes.routes {
+            for route in routes.routes() {
                 // A route's name is the model that serves it.
                 let model = client(route.name())?;
                 builder = builder.add_route(route.clone(), model);
@@ -107,7 +107,7 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
                 .router(Arc::new(DecisionModelChatModelRouter::new(Arc::clone(
                     decisions,
                 ))))
-                .default_route(&routes.default)
+                .default_route(routes.default_route())
                 .build()
                 .with_context(|| path.display().to_string())?;
             Arc::new(router)

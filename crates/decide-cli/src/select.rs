@@ -7,7 +7,7 @@ use std::time::Instant;
 use crate::decider::Decider;
 use anyhow::{bail, Context};
 use decide_chat::{ChatMessage, StaticToolProvider, ToolProviderRequest, ToolSpecification};
-use decide_filter::{FilteringToolProvider, Selection};
+use decide_filter::{FilterOptions, FilteringToolProvider, Selection};
 use serde::Serialize;
 
 use crate::args::{FilterArgs, Global, SelectArgs};
@@ -24,34 +24,35 @@ pub struct Scored {
     pub passed: bool,
 }
 
+/// The filter's options as the command line gives them.
+fn options(args: &FilterArgs) -> FilterOptions {
+    FilterOptions {
+        min_probability: args.min_probability,
+        target_recall: args.target_recall,
+        max_results: args.max_results,
+        max_messages: Some(args.max_messages),
+        max_message_length: Some(args.max_message_length),
+        always_include: args.always_include.clone(),
+        fallback: Some(args.fallback),
+    }
+}
+
 /// The filter over a fixed list of tools, answered by `engine`.
 pub fn build_filter(
     engine: &Decider,
     tools: Vec<ToolSpecification>,
     args: &FilterArgs,
 ) -> anyhow::Result<FilteringToolProvider> {
-    let mut builder = FilteringToolProvider::builder()
+    if args.min_probability.is_some() && args.target_recall.is_some() {
+        bail!("--target-recall: replaces --min-probability: give one of them, not both")
+    }
+    let builder = FilteringToolProvider::builder()
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(tools)))
-        .decision_model(engine.decision_model())
-        .max_messages(args.max_messages)
-        .max_message_length(args.max_message_length)
-        .always_include(args.always_include.clone())
-        .fallback(args.fallback);
-    match (args.min_probability, args.target_recall) {
-        (Some(_), Some(_)) => {
-            bail!("--target-recall: replaces --min-probability: give one of them, not both")
-        }
-        (_, Some(r)) => {
-            let conformal = engine.require_conformal().context("--target-recall")?;
-            builder = builder.target_recall(r, conformal);
-        }
-        (Some(p), None) => builder = builder.min_probability(p),
-        (None, None) => {}
-    }
-    if let Some(k) = args.max_results {
-        builder = builder.max_results(k);
-    }
-    builder
+        .decision_model(engine.decision_model());
+    options(args)
+        .apply(builder, || {
+            engine.require_conformal().context("--target-recall")
+        })?
         .build()
         .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
 }
@@ -59,15 +60,8 @@ pub fn build_filter(
 /// The request an agent would make for this conversation: its last user message, with
 /// everything before it (and any tool traffic after it) as the previous messages.
 pub fn provider_request(messages: &[ChatMessage]) -> anyhow::Result<ToolProviderRequest> {
-    let Some(user) = messages.iter().rev().find_map(|m| match m {
-        ChatMessage::User(u) => Some(u.clone()),
-        _ => None,
-    }) else {
-        bail!("the conversation has no user message");
-    };
-    Ok(ToolProviderRequest::builder(user)
-        .messages(messages.to_vec())
-        .build())
+    decide_filter::provider_request(messages)
+        .ok_or_else(|| anyhow::anyhow!("the conversation has no user message"))
 }
 
 /// Runs the filter and reports every tool, in the catalogue's order.

@@ -45,6 +45,9 @@
 //!   are public: what the model receives can be inspected and tested.
 //! * **Fail at build, not at the first message.** Every option is checked by
 //!   [`FilteringToolProviderBuilder::build`], including the question template, and the error names the option.
+//! * **One typed input.** [`SelectRequest`] is what `/v1/select` reads and [`FilterOptions`] what every front end
+//!   sets: read with serde, unknown keys refused, errors at their JSON path, so the server and the command line set
+//!   the filter up alike.
 //! * **No state.** The filter keeps no cache between calls: the wrapped provider's tools and the conversation can
 //!   change between any two calls, and the engine already caches what is expensive (tool embeddings).
 //!
@@ -84,6 +87,7 @@
 
 mod error;
 mod filter;
+mod request;
 mod selection;
 mod template;
 
@@ -95,5 +99,6 @@ pub use filter::{
     FilteringToolProvider, FilteringToolProviderBuilder, DEFAULT_MAX_MESSAGES,
     DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MIN_PROBABILITY,
 };
+pub use request::{provider_request, FilterOptions, SelectRequest};
 pub use selection::{Fallback, FallbackUsed, Reason, Selection, ToolDecision};
 pub use template::{QuestionTemplate, DEFAULT_QUESTION_TEMPLATE};

@@ -4,17 +4,7 @@ use serde_json::{Map, Value};
 
 use crate::WireError;
 
-/// How an error names a value's type.
-pub(crate) fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub(crate) use decide_chat::error::type_name;
 
 /// `at.key`, or `key` at the top.
 pub(crate) fn join(at: &str, key: &str) -> String {

@@ -62,6 +62,9 @@
 //!   the per-route probabilities; [`ChatModelRouter::route`] is that without the report, so the command line, which
 //!   prints the report, and a routing model choose alike. [`DecisionModelChatModelRouter::decision_input`] shows what
 //!   the decision model receives.
+//! * **One typed input.** [`RoutesSpec`] (a routes file) and [`RouteRequest`] (a `/v1/route` body) are read with
+//!   serde, unknown keys refused and every error at its JSON path (`routes[0].descripton: unknown field`), so the
+//!   command line and the server accept and refuse the same routes.
 //! * **Only common parameters.** Requests may go to different providers, so a [`ChatRequest`] carries only what
 //!   every provider understands, and the routing model passes it on unchanged: each model applies its own defaults.
 //!
@@ -102,6 +105,7 @@ mod decision;
 mod error;
 mod route;
 mod routing;
+mod spec;
 
 #[cfg(test)]
 mod tests;
@@ -116,3 +120,4 @@ pub use route::{
     ChatModelRoutingResult, RouteFuture,
 };
 pub use routing::{RoutingChatModel, RoutingChatModelBuilder, ROUTE_ATTRIBUTE, TOOL_CALL_MEMORY};
+pub use spec::{RouteRequest, RoutesSpec};

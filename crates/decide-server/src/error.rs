@@ -1,4 +1,4 @@
-//! The server's own errors (not the HTTP answers, which live in the API module).
+//! The server's own errors (the HTTP error answers are `api_error`'s).
 
 /// What can fail when starting or running the server.
 #[derive(Debug, thiserror::Error)]

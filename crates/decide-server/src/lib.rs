@@ -52,10 +52,14 @@
 //! flight (graceful shutdown); `decide serve` passes SIGTERM and Ctrl-C.
 #![deny(missing_docs)]
 
-mod api;
+mod api_error;
 mod batcher;
+mod decisions;
 mod error;
+mod guard;
+mod limits;
 mod metrics;
+mod status;
 mod tasks;
 
 use std::future::Future;
@@ -68,6 +72,7 @@ pub use decide_http::Limits;
 pub use error::ServerError;
 pub use metrics::Metrics;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// How the server behaves; every field has a default.
 #[derive(Debug, Clone)]
@@ -105,7 +110,17 @@ impl Default for ServerConfig {
 /// The loaded model, its queue and the settings, shared by every handler.
 #[derive(Clone)]
 pub struct AppState {
-    inner: Arc<api::Shared>,
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    model: BatchedEngine,
+    metrics: Arc<Metrics>,
+    config: ServerConfig,
+    model_name: String,
+    key_digest: Option<[u8; 32]>,
+    /// One per decision in flight: admission ([`limits::admit`]) takes one or answers 503.
+    permits: Arc<Semaphore>,
 }
 
 impl AppState {
@@ -122,7 +137,14 @@ impl AppState {
             metrics.clone(),
         )?;
         Ok(Self {
-            inner: Arc::new(api::Shared::new(engine, batcher, metrics, config)),
+            inner: Arc::new(Shared {
+                model_name: engine.info().name.clone(),
+                model: BatchedEngine::new(engine, Arc::new(batcher)),
+                metrics,
+                key_digest: config.api_key.as_deref().map(guard::digest),
+                permits: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
+                config,
+            }),
         })
     }
 
@@ -139,7 +161,16 @@ impl AppState {
 
 /// The router of every endpoint, with the body limit and the API-key check.
 pub fn router(state: AppState) -> axum::Router {
-    api::router(state)
+    axum::Router::new()
+        .merge(decisions::router())
+        .merge(tasks::router())
+        .merge(status::router())
+        .layer(limits::body_limit(&state))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard,
+        ))
+        .with_state(state)
 }
 
 /// Serves `router(state)` on `listener` until `shutdown` completes, then lets the requests in

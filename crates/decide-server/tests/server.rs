@@ -976,6 +976,55 @@ async fn route_answers_like_the_router_over_the_engine() {
     assert_eq!(got["error"]["param"], "routes[0].name", "{got}");
 }
 
+/// A misspelt key of a route would leave the route described by its name alone: refused, over
+/// real HTTP, with its path named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_refuses_a_misspelt_route_key_over_http() {
+    let state = AppState::new(engine().clone(), ServerConfig::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(decide_server::serve(listener, state, async {
+        let _ = stopped.await;
+    }));
+    let body = json!({
+        "text": "Why does my borrow checker complain?",
+        "routes": [{"name": "code", "descriptons": ["Programming"]}, {"name": "chat"}],
+        "default": "chat"
+    });
+    let (status, got) = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let body = body.to_string();
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        write!(
+            stream,
+            "POST /v1/route HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let (head, json) = answer.split_once("\r\n\r\n").unwrap();
+        let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, serde_json::from_str::<Value>(json).unwrap())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 400, "{got}");
+    assert_eq!(got["error"]["type"], "invalid_request_error", "{got}");
+    assert_eq!(got["error"]["param"], "routes[0].descriptons", "{got}");
+    let message = got["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "routes[0].descriptons: unknown field (expected name, description, descriptions)"
+        ),
+        "{message}"
+    );
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
 #[test]
 fn the_queue_keeps_batches_under_its_token_budget() {
     use decide_server::{BatchConfig, BatchedEngine, Batcher, Metrics};

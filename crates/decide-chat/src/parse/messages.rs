@@ -502,7 +502,7 @@ mod tests {
     fn top_level_errors() {
         assert_eq!(
             error(json!("hello")),
-            r#"messages: expected an array of messages or an object with "messages", got string"#
+            r#"messages: expected an array of messages or an object with "messages", got a string"#
         );
         assert_eq!(
             error(json!({"model": "x"})),
@@ -514,7 +514,7 @@ mod tests {
         );
         assert_eq!(
             error(json!({"messages": {}})),
-            "messages: expected an array, got object"
+            "messages: expected an array, got an object"
         );
         assert_eq!(error(json!([])), "messages: empty conversation");
         assert_eq!(
@@ -536,11 +536,14 @@ mod tests {
     #[test]
     fn message_errors() {
         let cases = [
-            (json!(["hi"]), "messages[0]: expected an object, got string"),
+            (
+                json!(["hi"]),
+                "messages[0]: expected an object, got a string",
+            ),
             (json!([{"content": "hi"}]), r#"messages[0]: missing "role""#),
             (
                 json!([{"role": 1, "content": "hi"}]),
-                "messages[0].role: expected a string, got number",
+                "messages[0].role: expected a string, got a number",
             ),
             (
                 json!([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "robot", "content": "beep"}]),
@@ -560,7 +563,7 @@ mod tests {
             ),
             (
                 json!([{"role": "user", "content": "a", "name": 5}]),
-                "messages[0].name: expected a string, got number",
+                "messages[0].name: expected a string, got a number",
             ),
             (
                 json!([{"role": "system"}]),
@@ -568,7 +571,7 @@ mod tests {
             ),
             (
                 json!([{"role": "system", "content": 3}]),
-                "messages[0].content: expected a string or an array of parts, got number",
+                "messages[0].content: expected a string or an array of parts, got a number",
             ),
             (
                 json!([{"role": "system", "content": [{"type": "image_url", "image_url": "u"}]}]),
@@ -580,7 +583,7 @@ mod tests {
             ),
             (
                 json!([{"role": "tool", "tool_call_id": 7, "content": "x"}]),
-                "messages[0].tool_call_id: expected a string, got number",
+                "messages[0].tool_call_id: expected a string, got a number",
             ),
             (
                 json!([{"role": "tool", "content": [{"type": "file", "file": {"file_id": "f"}}]}]),
@@ -611,11 +614,11 @@ mod tests {
         );
         assert_eq!(
             user(json!({"type": 1})),
-            "messages[1].content[0].type: expected a string, got number"
+            "messages[1].content[0].type: expected a string, got a number"
         );
         assert_eq!(
             user(json!(3)),
-            "messages[1].content[0]: expected an object, got number"
+            "messages[1].content[0]: expected an object, got a number"
         );
         assert_eq!(
             user(json!({"type": "text"})),
@@ -623,7 +626,7 @@ mod tests {
         );
         assert_eq!(
             user(json!({"type": "text", "text": ["x"]})),
-            "messages[1].content[0].text: expected a string, got array"
+            "messages[1].content[0].text: expected a string, got an array"
         );
         assert_eq!(
             user(json!({"type": "image_url"})),
@@ -635,7 +638,7 @@ mod tests {
         );
         assert_eq!(
             user(json!({"type": "image_url", "image_url": 4})),
-            "messages[1].content[0].image_url: expected an object, got number"
+            "messages[1].content[0].image_url: expected an object, got a number"
         );
         assert_eq!(
             user(json!({"type": "input_image", "file_id": "f"})),
@@ -651,7 +654,7 @@ mod tests {
         );
         assert_eq!(
             user(json!({"type": "file", "file": "x"})),
-            "messages[1].content[0].file: expected an object, got string"
+            "messages[1].content[0].file: expected an object, got a string"
         );
         assert_eq!(
             user(json!({"type": "file"})),
@@ -659,7 +662,7 @@ mod tests {
         );
         assert_eq!(
             user(json!({"type": "file", "file": {"filename": 1}})),
-            "messages[1].content[0].file.filename: expected a string, got number"
+            "messages[1].content[0].file.filename: expected a string, got a number"
         );
         assert_eq!(
             user(json!({"type": "video_url", "video_url": {"url": null}})),
@@ -691,11 +694,11 @@ mod tests {
         );
         assert_eq!(
             call(json!({"id": "c", "function": {"name": "f", "arguments": [1]}})),
-            "messages[0].tool_calls[0].function.arguments: expected a string or an object, got array"
+            "messages[0].tool_calls[0].function.arguments: expected a string or an object, got an array"
         );
         assert_eq!(
             call(json!({"id": 1, "function": {"name": "f"}})),
-            "messages[0].tool_calls[0].id: expected a string, got number"
+            "messages[0].tool_calls[0].id: expected a string, got a number"
         );
         assert_eq!(
             call(json!({"type": "web_search", "function": {"name": "f"}})),
@@ -703,15 +706,15 @@ mod tests {
         );
         assert_eq!(
             call(json!({"function": "f"})),
-            "messages[0].tool_calls[0].function: expected an object, got string"
+            "messages[0].tool_calls[0].function: expected an object, got a string"
         );
         assert_eq!(
             call(json!("f")),
-            "messages[0].tool_calls[0]: expected an object, got string"
+            "messages[0].tool_calls[0]: expected an object, got a string"
         );
         assert_eq!(
             error(json!([{"role": "assistant", "tool_calls": {}}])),
-            "messages[0].tool_calls: expected an array, got object"
+            "messages[0].tool_calls: expected an array, got an object"
         );
         assert_eq!(
             error(json!([{"role": "assistant", "function_call": {"arguments": "{}"}}])),

@@ -3,9 +3,11 @@
 //! Every parser reports the first problem it meets as a [`ParseError`] naming the JSON path, because the files come
 //! from logs and scripts and a bare "invalid input" sends the user bisecting by hand.
 
+mod input;
 mod messages;
 mod tools;
 
+pub use input::{conversation, from_slice, from_value, messages_field, tools_field};
 pub use messages::{parse_messages, parse_messages_str};
 pub use tools::{parse_tools, parse_tools_str};
 
@@ -67,7 +69,7 @@ mod tests {
         assert_eq!(optional_string(object, "z", "p"), Ok(None));
         assert_eq!(
             optional_string(object, "c", "p").unwrap_err().to_string(),
-            "p.c: expected a string, got number"
+            "p.c: expected a string, got a number"
         );
         assert_eq!(
             required_string(object, "b", "p").unwrap_err().to_string(),
@@ -79,7 +81,7 @@ mod tests {
         );
         assert_eq!(
             expect_object(&json!([]), "q").unwrap_err().to_string(),
-            "q: expected an object, got array"
+            "q: expected an object, got an array"
         );
     }
 }

@@ -328,7 +328,10 @@ mod tests {
     #[test]
     fn top_level_errors() {
         let expected = r#"expected an array of tools, an object with "tools" or a JSON-RPC tools/list response"#;
-        assert_eq!(error(json!("x")), format!("tools: {expected}, got string"));
+        assert_eq!(
+            error(json!("x")),
+            format!("tools: {expected}, got a string")
+        );
         assert_eq!(error(json!(null)), format!("tools: {expected}, got null"));
         assert_eq!(
             error(json!({"foo": 1})),
@@ -340,11 +343,11 @@ mod tests {
         );
         assert_eq!(
             error(json!({"tools": {}})),
-            "tools: expected an array, got object"
+            "tools: expected an array, got an object"
         );
         assert_eq!(
             error(json!({"result": []})),
-            "result: expected an object, got array"
+            "result: expected an object, got an array"
         );
         assert_eq!(
             error(json!({"jsonrpc": "2.0", "result": {}})),
@@ -352,7 +355,7 @@ mod tests {
         );
         assert_eq!(
             error(json!({"result": {"tools": "x"}})),
-            "result.tools: expected an array, got string"
+            "result.tools: expected an array, got a string"
         );
         assert_eq!(
             error(
@@ -393,36 +396,36 @@ mod tests {
             (json!({"name": " \t"}), "tools[3].name: blank"),
             (
                 json!({"name": 42}),
-                "tools[3].name: expected a string, got number",
+                "tools[3].name: expected a string, got a number",
             ),
             (
                 json!({"function": {"name": ["a"]}}),
-                "tools[3].function.name: expected a string, got array",
+                "tools[3].function.name: expected a string, got an array",
             ),
             (
                 json!({"name": "x", "description": 1}),
-                "tools[3].description: expected a string, got number",
+                "tools[3].description: expected a string, got a number",
             ),
             (
                 json!({"function": {"name": "x", "description": {}}}),
-                "tools[3].function.description: expected a string, got object",
+                "tools[3].function.description: expected a string, got an object",
             ),
             (
                 json!({"name": "x", "parameters": "{}"}),
-                "tools[3].parameters: expected an object (a JSON schema), got string",
+                "tools[3].parameters: expected an object (a JSON schema), got a string",
             ),
             (
                 json!({"name": "x", "inputSchema": []}),
-                "tools[3].inputSchema: expected an object (a JSON schema), got array",
+                "tools[3].inputSchema: expected an object (a JSON schema), got an array",
             ),
             (
                 json!({"function": {"name": "x", "parameters": true}}),
-                "tools[3].function.parameters: expected an object (a JSON schema), got boolean",
+                "tools[3].function.parameters: expected an object (a JSON schema), got a boolean",
             ),
-            ("x".into(), "tools[3]: expected an object, got string"),
+            ("x".into(), "tools[3]: expected an object, got a string"),
             (
                 json!({"type": "function", "function": "get_weather"}),
-                "tools[3].function: expected an object, got string",
+                "tools[3].function: expected an object, got a string",
             ),
             (
                 json!({"type": "web_search_preview"}),
@@ -430,7 +433,7 @@ mod tests {
             ),
             (
                 json!({"type": 3, "name": "x"}),
-                "tools[3].type: expected a string, got number",
+                "tools[3].type: expected a string, got a number",
             ),
             (
                 json!({"name": "x", "metadata": {"searchBehavior": "sometimes"}}),
@@ -438,15 +441,15 @@ mod tests {
             ),
             (
                 json!({"name": "x", "_meta": {"searchBehavior": true}}),
-                "tools[3]._meta.searchBehavior: expected a string, got boolean",
+                "tools[3]._meta.searchBehavior: expected a string, got a boolean",
             ),
             (
                 json!({"name": "x", "metadata": []}),
-                "tools[3].metadata: expected an object, got array",
+                "tools[3].metadata: expected an object, got an array",
             ),
             (
                 json!({"name": "x", "annotations": "ro"}),
-                "tools[3].annotations: expected an object, got string",
+                "tools[3].annotations: expected an object, got a string",
             ),
         ];
         for (tool, expected) in cases {

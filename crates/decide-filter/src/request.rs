@@ -1,0 +1,226 @@
+//! The tool selection as users ask for it (a `/v1/select` body, the command line's options): read once with serde,
+//! unknown keys refused, and checked on the way in, so that every front end sets the filter up alike.
+
+use decide_chat::parse::{conversation, from_slice, from_value, messages_field, tools_field};
+use decide_chat::{ChatMessage, ParseError, ToolProviderRequest, ToolSpecification};
+use decide_contract::Conformal;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::FilterError;
+use crate::filter::FilteringToolProviderBuilder;
+use crate::selection::Fallback;
+
+/// The filter's options as a request or a command line gives them; `None` (or no names) keeps the builder's
+/// default. Their values are checked by [`FilteringToolProviderBuilder::build`], whose errors name the option.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FilterOptions {
+    /// [`FilteringToolProviderBuilder::min_probability`].
+    pub min_probability: Option<f64>,
+    /// [`FilteringToolProviderBuilder::target_recall`], with the table [`apply`](Self::apply) is given.
+    pub target_recall: Option<f64>,
+    /// [`FilteringToolProviderBuilder::max_results`].
+    pub max_results: Option<usize>,
+    /// [`FilteringToolProviderBuilder::max_messages`].
+    pub max_messages: Option<usize>,
+    /// [`FilteringToolProviderBuilder::max_message_length`].
+    pub max_message_length: Option<usize>,
+    /// [`FilteringToolProviderBuilder::always_include`].
+    pub always_include: Vec<String>,
+    /// [`FilteringToolProviderBuilder::fallback`].
+    pub fallback: Option<Fallback>,
+}
+
+impl FilterOptions {
+    /// Sets these options on `builder`. `conformal` gives the decision model's conformal table; it is called only
+    /// when a target recall is set, so that a model without one fails only the requests that need it.
+    pub fn apply<'a, E>(
+        &self,
+        mut builder: FilteringToolProviderBuilder,
+        conformal: impl FnOnce() -> Result<&'a Conformal, E>,
+    ) -> Result<FilteringToolProviderBuilder, E> {
+        if let Some(p) = self.min_probability {
+            builder = builder.min_probability(p);
+        }
+        if let Some(r) = self.target_recall {
+            builder = builder.target_recall(r, conformal()?);
+        }
+        if let Some(k) = self.max_results {
+            builder = builder.max_results(k);
+        }
+        if let Some(n) = self.max_messages {
+            builder = builder.max_messages(n);
+        }
+        if let Some(n) = self.max_message_length {
+            builder = builder.max_message_length(n);
+        }
+        if !self.always_include.is_empty() {
+            builder = builder.always_include(self.always_include.clone());
+        }
+        if let Some(f) = self.fallback {
+            builder = builder.fallback(f);
+        }
+        Ok(builder)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectBody {
+    #[serde(default, deserialize_with = "messages_field")]
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default, deserialize_with = "tools_field")]
+    tools: Option<Vec<ToolSpecification>>,
+    #[serde(default)]
+    min_probability: Option<f64>,
+    #[serde(default)]
+    target_recall: Option<f64>,
+    #[serde(default)]
+    max_results: Option<usize>,
+    #[serde(default)]
+    max_messages: Option<usize>,
+    #[serde(default)]
+    max_message_length: Option<usize>,
+    #[serde(default)]
+    always_include: Option<Vec<String>>,
+    #[serde(default)]
+    fallback: Option<String>,
+}
+
+/// Which tools a conversation needs: the request to the filter, the tools it chooses among and its options, as a
+/// `/v1/select` body gives them (`{"messages" | "text", "tools", "min_probability"? | "target_recall"?,
+/// "max_results"?, "max_messages"?, "max_message_length"?, "always_include"?, "fallback"?}`).
+#[derive(Debug, Clone)]
+pub struct SelectRequest {
+    /// The conversation, as [`provider_request`] makes it.
+    pub request: ToolProviderRequest,
+    /// The tools to choose among; never empty.
+    pub tools: Vec<ToolSpecification>,
+    /// The filter's options.
+    pub options: FilterOptions,
+}
+
+impl SelectRequest {
+    /// Reads a request body; unknown keys are refused and every error names its JSON path.
+    pub fn from_value(json: Value) -> Result<Self, ParseError> {
+        let body: SelectBody = from_value(json)?;
+        let messages = conversation(body.messages, body.text)?;
+        let tools = match body.tools {
+            None => return Err(ParseError::invalid("tools", "missing")),
+            Some(tools) if tools.is_empty() => return Err(ParseError::invalid("tools", "empty")),
+            Some(tools) => tools,
+        };
+        let request = provider_request(&messages).ok_or_else(|| {
+            ParseError::invalid("messages", "the conversation has no user message")
+        })?;
+        let fallback = body
+            .fallback
+            .map(|f| {
+                f.parse().map_err(|e| match e {
+                    FilterError::InvalidConfig { option, message } => {
+                        ParseError::invalid(option, message)
+                    }
+                    other => ParseError::invalid("fallback", other.to_string()),
+                })
+            })
+            .transpose()?;
+        Ok(Self {
+            request,
+            tools,
+            options: FilterOptions {
+                min_probability: body.min_probability,
+                target_recall: body.target_recall,
+                max_results: body.max_results,
+                max_messages: body.max_messages,
+                max_message_length: body.max_message_length,
+                always_include: body.always_include.unwrap_or_default(),
+                fallback,
+            },
+        })
+    }
+
+    /// [`from_value`](Self::from_value) of JSON text; a syntax error names the line and column.
+    pub fn from_slice(json: &[u8]) -> Result<Self, ParseError> {
+        Self::from_value(from_slice(json)?)
+    }
+}
+
+/// The request an agent would make for this conversation: its last user message, with everything before it (and any
+/// tool traffic after it) as the previous messages; `None` when no message is the user's.
+pub fn provider_request(messages: &[ChatMessage]) -> Option<ToolProviderRequest> {
+    let user = messages.iter().rev().find_map(|m| match m {
+        ChatMessage::User(u) => Some(u.clone()),
+        _ => None,
+    })?;
+    Some(
+        ToolProviderRequest::builder(user)
+            .messages(messages.to_vec())
+            .build(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn tools() -> Value {
+        json!([{"name": "get_weather"}, {"name": "send_email"}])
+    }
+
+    #[test]
+    fn a_body_gives_the_conversation_the_tools_and_the_options() {
+        let request = SelectRequest::from_value(json!({
+            "text": "rain?", "tools": tools(), "max_results": 1, "always_include": ["send_email"],
+            "fallback": "NO_TOOLS"
+        }))
+        .unwrap();
+        assert_eq!(request.request.user_message().text(), "rain?");
+        assert_eq!(request.tools.len(), 2);
+        assert_eq!(
+            request.options,
+            FilterOptions {
+                max_results: Some(1),
+                always_include: vec!["send_email".into()],
+                fallback: Some(Fallback::NoTools),
+                ..FilterOptions::default()
+            }
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let error = |json: Value| SelectRequest::from_value(json).unwrap_err();
+        let cases = [
+            (json!({"text": "x", "tool": tools()}), "tool"),
+            (json!({"text": "x"}), "tools"),
+            (json!({"text": "x", "tools": []}), "tools"),
+            (
+                json!({"text": "x", "tools": tools(), "max_results": -1}),
+                "max_results",
+            ),
+            (
+                json!({"text": "x", "tools": tools(), "target_recall": "high"}),
+                "target_recall",
+            ),
+            (
+                json!({"text": "x", "tools": tools(), "always_include": [1]}),
+                "always_include[0]",
+            ),
+            (
+                json!({"text": "x", "tools": tools(), "fallback": "maybe"}),
+                "fallback",
+            ),
+            (
+                json!({"messages": [{"role": "system", "content": "x"}], "tools": tools()}),
+                "messages",
+            ),
+        ];
+        for (json, path) in cases {
+            assert_eq!(error(json.clone()).path(), Some(path), "{json}");
+        }
+    }
+}

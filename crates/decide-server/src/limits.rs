@@ -1,0 +1,76 @@
+//! What bounds a request: its body size (413), the decisions in flight (503 at once, never a
+//! pile-up) and its deadline (504).
+
+use std::future::Future;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request};
+use axum::http::StatusCode;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::api_error::ApiError;
+use crate::AppState;
+
+/// The layer that stops reading a body past `max_body_bytes`.
+pub(crate) fn body_limit(state: &AppState) -> DefaultBodyLimit {
+    DefaultBodyLimit::max(state.inner.config.max_body_bytes)
+}
+
+/// The request body; over the limit, a 413 that names it.
+pub(crate) struct Body(pub(crate) Bytes);
+
+impl FromRequest<AppState> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        Bytes::from_request(request, state)
+            .await
+            .map(Body)
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::TooLarge(state.inner.config.max_body_bytes)
+                } else {
+                    ApiError::bad("", e.body_text())
+                }
+            })
+    }
+}
+
+/// A slot for one decision, or 503 at once when every slot is taken.
+pub(crate) fn admit(state: &AppState) -> Result<OwnedSemaphorePermit, ApiError> {
+    state
+        .inner
+        .permits
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            state.inner.metrics.observe_rejected();
+            ApiError::Overloaded(state.inner.config.retry_after_secs)
+        })
+}
+
+/// Runs `future` under the request deadline.
+pub(crate) async fn deadline<T>(
+    state: &AppState,
+    future: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let limit = state.inner.config.request_timeout;
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or(Err(ApiError::Timeout(limit.as_secs())))
+}
+
+/// Runs blocking work (the filter or the router, which call the batched engine's blocking path)
+/// on tokio's blocking pool, under the request's deadline and one admission slot.
+pub(crate) async fn blocking<T: Send + 'static>(
+    state: &AppState,
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let _permit = admit(state)?;
+    deadline(state, async {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+    })
+    .await
+}
