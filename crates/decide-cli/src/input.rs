@@ -59,6 +59,22 @@ pub fn read_messages(path: &Path) -> anyhow::Result<Vec<ChatMessage>> {
     parse_messages(&json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
+/// The conversation of `decide select` and `decide route`: `--messages FILE`, else TEXT as one
+/// user message. Also returns the name later errors about it carry (the file, or `TEXT`).
+pub fn read_conversation(
+    messages: Option<&Path>,
+    text: Option<&str>,
+) -> anyhow::Result<(Vec<ChatMessage>, String)> {
+    match (messages, text) {
+        (Some(path), _) => Ok((read_messages(path)?, path.display().to_string())),
+        (None, Some(text)) if !text.trim().is_empty() => {
+            Ok((vec![ChatMessage::user(text)], "TEXT".into()))
+        }
+        (None, Some(_)) => bail!("TEXT: empty message"),
+        (None, None) => bail!("give the conversation with --messages FILE or as TEXT"),
+    }
+}
+
 /// One line of a `decide score` file.
 pub struct Case {
     /// The case's id.

@@ -7,13 +7,13 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context};
-use decide_chat::{ChatMessage, ChatRequest};
+use anyhow::{anyhow, Context};
+use decide_chat::ChatRequest;
 use decide_router::{RouteDecision, RouteReason, RouteRequest, RoutesSpec};
 use serde_json::{Map, Value};
 
 use crate::args::{Global, RouteArgs};
-use crate::input::{read_json, read_messages};
+use crate::input::{read_conversation, read_json};
 
 /// Reads a routes file; every error names the file and the JSON path, e.g. `routes.json: routes[2].name: missing`.
 pub fn read_routes(path: &Path) -> anyhow::Result<RoutesSpec> {
@@ -36,16 +36,7 @@ fn reason_note(decision: &RouteDecision, min_probability: Option<f64>) -> Option
 
 pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     let routes = read_routes(&args.routes)?;
-    let messages = match (&args.messages, &args.text) {
-        (Some(path), _) => read_messages(path)?,
-        (None, Some(text)) if !text.trim().is_empty() => vec![ChatMessage::user(text.clone())],
-        (None, Some(_)) => bail!("TEXT: empty message"),
-        (None, None) => bail!("give the conversation with --messages FILE or as TEXT"),
-    };
-    let source = match &args.messages {
-        Some(path) => path.display().to_string(),
-        None => "TEXT".into(),
-    };
+    let (messages, source) = read_conversation(args.messages.as_deref(), args.text.as_deref())?;
     let chat =
         ChatRequest::from_messages(messages).map_err(|_| anyhow!("{source}: no messages"))?;
     let request = RouteRequest {

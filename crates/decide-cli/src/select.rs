@@ -11,7 +11,7 @@ use decide_filter::{FilterOptions, FilteringToolProvider, Selection};
 use serde::Serialize;
 
 use crate::args::{FilterArgs, Global, SelectArgs};
-use crate::input::{read_messages, read_tools};
+use crate::input::{read_conversation, read_tools};
 
 /// A tool, its probability of being needed (none when it passed without asking) and why it
 /// passed or not.
@@ -93,19 +93,11 @@ fn reason_label(reason: decide_filter::Reason) -> String {
 
 pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
     let tools = read_tools(&args.tools)?;
-    let messages = match (&args.messages, &args.text) {
-        (Some(path), _) => read_messages(path)?,
-        (None, Some(text)) if !text.trim().is_empty() => vec![ChatMessage::user(text.clone())],
-        (None, Some(_)) => bail!("TEXT: empty message"),
-        (None, None) => bail!("give the conversation with --messages FILE or as TEXT"),
-    };
+    let (messages, source) = read_conversation(args.messages.as_deref(), args.text.as_deref())?;
     let engine = global.decider(false)?;
     let filter = build_filter(&engine, tools, &args.filter)?;
     let started = Instant::now();
-    let (selection, scores) = select(&filter, &messages).with_context(|| match &args.messages {
-        Some(p) => p.display().to_string(),
-        None => "TEXT".into(),
-    })?;
+    let (selection, scores) = select(&filter, &messages).context(source)?;
     let elapsed = started.elapsed();
     let chosen: Vec<&Scored> = scores.iter().filter(|s| s.passed).collect();
     let mut out = std::io::stdout().lock();
