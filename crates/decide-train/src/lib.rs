@@ -35,12 +35,15 @@
 //! writing.
 #![deny(missing_docs)]
 
+mod config;
+mod data;
 mod error;
+mod export;
 mod model;
 mod trainer;
 
+pub use config::{Hyper, TrainHead};
+pub use data::{Example, ExampleSource, ExampleSpool, TrainData};
 pub use error::{Result, TrainError};
-pub use trainer::{
-    file_sha256, write_manifest, Example, ExampleSource, ExampleSpool, Hyper, ModelMeta,
-    StepReport, TrainData, TrainHead, Trainer,
-};
+pub use export::{file_sha256, write_manifest, ModelMeta};
+pub use trainer::{StepReport, Trainer};
