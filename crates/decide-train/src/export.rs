@@ -5,8 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Tensor;
-use decide_engine::Calibration;
-use sha2::{Digest, Sha256};
+use decide_engine::{Calibration, HeadName, Manifest, Scoring};
 
 use crate::config::TrainHead;
 use crate::error::{Result, TrainError};
@@ -145,64 +144,141 @@ pub struct ModelMeta {
     pub training: toml::Table,
 }
 
-/// The sha256 of a file, hex.
-pub fn file_sha256(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| TrainError::bad_file(path, e))?;
-    Ok(format!("{:x}", Sha256::digest(&bytes)))
-}
-
-fn files_of(dir: &Path, prefix: &str, out: &mut toml::Table) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| TrainError::bad_file(dir, e))?
-        .filter_map(|e| e.ok())
-        .collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let name = format!("{prefix}{}", e.file_name().to_string_lossy());
-        let path = e.path();
-        if path.is_dir() {
-            files_of(&path, &format!("{name}/"), out)?;
-        } else if name != "manifest.toml" {
-            out.insert(name, file_sha256(&path)?.into());
-        }
-    }
-    Ok(())
-}
-
 /// Writes `dir/manifest.toml` for `meta`, with the sha256 of every other file of the folder.
 pub fn write_manifest(dir: &Path, meta: &ModelMeta) -> Result<()> {
-    let mut t = toml::Table::new();
-    t.insert("name".into(), meta.name.clone().into());
-    t.insert("hf_id".into(), meta.base_hf_id.clone().into());
-    t.insert("revision".into(), "trained".into());
-    t.insert("architecture".into(), "bert".into());
-    t.insert("head".into(), meta.head.name().into());
-    t.insert("max_length".into(), (meta.max_length as i64).into());
-    if let Some(l) = &meta.license {
-        t.insert("license".into(), l.clone().into());
-    }
-    if let Some(w) = meta.lexical_weight {
-        let mut s = toml::Table::new();
-        s.insert("lexical_weight".into(), w.into());
-        t.insert("scoring".into(), s.into());
-    }
-    if let Some(c) = meta.calibration {
-        let mut s = toml::Table::new();
-        s.insert("a".into(), c.a.into());
-        s.insert("b".into(), c.b.into());
-        t.insert("calibration".into(), s.into());
-    }
     let mut training = meta.training.clone();
     training.insert("base".into(), meta.base.clone().into());
-    t.insert("training".into(), training.into());
-    let mut files = toml::Table::new();
-    files_of(dir, "", &mut files)?;
-    t.insert("files".into(), files.into());
-    let text = format!(
-        "# Written by `decide train`: fine-tuned from {}.\n{}",
-        meta.base,
-        toml::to_string(&t).map_err(|e| TrainError::BadData(e.to_string()))?
-    );
-    let path = dir.join("manifest.toml");
-    std::fs::write(&path, text).map_err(|e| TrainError::bad_file(&path, e))
+    let manifest = Manifest {
+        name: meta.name.clone(),
+        hf_id: meta.base_hf_id.clone(),
+        revision: "trained".into(),
+        architecture: "bert".into(),
+        head: match meta.head {
+            TrainHead::BiEncoder => HeadName::BiEncoder,
+            TrainHead::CrossEncoder => HeadName::CrossEncoder,
+        },
+        max_length: meta.max_length,
+        license: meta.license.clone(),
+        calibration: meta.calibration,
+        scoring: meta.lexical_weight.map(|w| Scoring { lexical_weight: w }),
+        training: Some(training),
+        build: None,
+        conformal: None,
+        files: Manifest::hash_files(dir)?,
+    };
+    let comment = format!("Written by `decide train`: fine-tuned from {}.", meta.base);
+    Ok(manifest.write_to(dir, &comment)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Hyper;
+
+    /// A trained model's manifest, byte for byte: `decide train` recognises its own folders
+    /// by the first line, and the tables come with their keys sorted.
+    #[test]
+    fn the_manifest_is_written_byte_for_byte() {
+        let dir = std::env::temp_dir().join(format!("decide-manifest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        std::fs::write(dir.join("1_Pooling/config.json"), "{\"a\": 1}").unwrap();
+        std::fs::write(dir.join("manifest.toml"), "old").unwrap();
+        let mut training = Hyper::default().to_toml();
+        training.insert("data".into(), "cases.jsonl".into());
+        let meta = ModelMeta {
+            name: "tiny".into(),
+            base_hf_id: "local/tiny".into(),
+            base: "models/tiny".into(),
+            head: TrainHead::BiEncoder,
+            max_length: 256,
+            license: Some("apache-2.0".into()),
+            lexical_weight: Some(0.6),
+            calibration: Some(Calibration { a: 10.5, b: -5.25 }),
+            training,
+        };
+        let written = |meta: &ModelMeta| {
+            write_manifest(&dir, meta).unwrap();
+            std::fs::read_to_string(dir.join("manifest.toml")).unwrap()
+        };
+        assert_eq!(written(&meta), FULL);
+        let meta = ModelMeta {
+            license: None,
+            lexical_weight: None,
+            calibration: None,
+            head: TrainHead::CrossEncoder,
+            ..meta
+        };
+        assert_eq!(written(&meta), BARE);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    const FULL: &str = r#"# Written by `decide train`: fine-tuned from models/tiny.
+architecture = "bert"
+head = "bi-encoder"
+hf_id = "local/tiny"
+license = "apache-2.0"
+max_length = 256
+name = "tiny"
+revision = "trained"
+
+[calibration]
+a = 10.5
+b = -5.25
+
+[files]
+"1_Pooling/config.json" = "f9d86028c6e0d64e225186f96acb69338b2c59764df79162107f5c4bb34d1310"
+"config.json" = "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+
+[scoring]
+lexical_weight = 0.6
+
+[training]
+base = "models/tiny"
+batch_size = 16
+data = "cases.jsonl"
+dropout = 0.1
+epochs = 4
+frozen_layers = 0
+hard_negative_pool = 5
+head = "bi-encoder"
+learning_rate = 0.00002
+max_grad_norm = 1.0
+max_length = 128
+scale = 20.0
+seed = 42
+warmup = 0.1
+weight_decay = 0.01
+"#;
+
+    const BARE: &str = r#"# Written by `decide train`: fine-tuned from models/tiny.
+architecture = "bert"
+head = "cross-encoder"
+hf_id = "local/tiny"
+max_length = 256
+name = "tiny"
+revision = "trained"
+
+[files]
+"1_Pooling/config.json" = "f9d86028c6e0d64e225186f96acb69338b2c59764df79162107f5c4bb34d1310"
+"config.json" = "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+
+[training]
+base = "models/tiny"
+batch_size = 16
+data = "cases.jsonl"
+dropout = 0.1
+epochs = 4
+frozen_layers = 0
+hard_negative_pool = 5
+head = "bi-encoder"
+learning_rate = 0.00002
+max_grad_norm = 1.0
+max_length = 128
+scale = 20.0
+seed = 42
+warmup = 0.1
+weight_decay = 0.01
+"#;
 }

@@ -44,6 +44,7 @@ mod trainer;
 
 pub use config::{Hyper, TrainHead};
 pub use data::{Example, ExampleSource, ExampleSpool, TrainData};
+pub use decide_engine::registry::file_sha256;
 pub use error::{Result, TrainError};
-pub use export::{file_sha256, write_manifest, ModelMeta};
+pub use export::{write_manifest, ModelMeta};
 pub use trainer::{StepReport, Trainer};
