@@ -1,7 +1,7 @@
 //! What a run trains on: the cases, in memory or spooled to disk, and the texts as token rows.
 //!
 //! Tokenizing and trimming are here only: the loop asks [`Tokens`] for a text's encoding and
-//! for the finished row of one text or of a pair, and never touches the tokenizer itself.
+//! for the finished row of one text or of a pair, and never calls the tokenizer itself.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
@@ -220,14 +220,13 @@ fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
 }
 
 impl Tokens {
-    /// Loads `tokenizer.json` from `path`, for inputs of at most `max_length` tokens.
+    /// Loads the tokenizer file at `path` (a `tokenizer.json`), for inputs of at most
+    /// `max_length` tokens.
     pub fn load(path: &Path, max_length: usize) -> Result<Self> {
-        let tok_path = path;
-        let mut tokenizer =
-            Tokenizer::from_file(tok_path).map_err(|e| tokenizer_error(tok_path, e))?;
+        let mut tokenizer = Tokenizer::from_file(path).map_err(|e| tokenizer_error(path, e))?;
         tokenizer
             .with_truncation(None)
-            .map_err(|e| tokenizer_error(tok_path, e))?;
+            .map_err(|e| tokenizer_error(path, e))?;
         tokenizer.with_padding(None);
         let specials = tokenizer
             .get_post_processor()

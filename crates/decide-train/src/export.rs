@@ -202,7 +202,15 @@ mod tests {
             write_manifest(&dir, meta).unwrap();
             std::fs::read_to_string(dir.join("manifest.toml")).unwrap()
         };
-        assert_eq!(written(&meta), FULL);
+        assert_eq!(
+            written(&meta),
+            expected(
+                "bi-encoder",
+                "license = \"apache-2.0\"\n",
+                "[calibration]\na = 10.5\nb = -5.25\n\n",
+                "[scoring]\nlexical_weight = 0.6\n\n",
+            )
+        );
         let meta = ModelMeta {
             license: None,
             lexical_weight: None,
@@ -210,61 +218,33 @@ mod tests {
             head: TrainHead::CrossEncoder,
             ..meta
         };
-        assert_eq!(written(&meta), BARE);
+        assert_eq!(written(&meta), expected("cross-encoder", "", "", ""));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    const FULL: &str = r#"# Written by `decide train`: fine-tuned from models/tiny.
+    /// The expected manifest: `license` and the tables that come before and after `[files]`
+    /// vary, the rest is that of the test's folder and hyper-parameters.
+    fn expected(head: &str, license: &str, before_files: &str, after_files: &str) -> String {
+        format!(
+            r#"# Written by `decide train`: fine-tuned from models/tiny.
 architecture = "bert"
-head = "bi-encoder"
+head = "{head}"
 hf_id = "local/tiny"
-license = "apache-2.0"
-max_length = 256
+{license}max_length = 256
 name = "tiny"
 revision = "trained"
 
-[calibration]
-a = 10.5
-b = -5.25
+{before_files}{FILES}
+{after_files}{TRAINING}"#
+        )
+    }
 
-[files]
+    const FILES: &str = r#"[files]
 "1_Pooling/config.json" = "f9d86028c6e0d64e225186f96acb69338b2c59764df79162107f5c4bb34d1310"
 "config.json" = "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
-
-[scoring]
-lexical_weight = 0.6
-
-[training]
-base = "models/tiny"
-batch_size = 16
-data = "cases.jsonl"
-dropout = 0.1
-epochs = 4
-frozen_layers = 0
-hard_negative_pool = 5
-head = "bi-encoder"
-learning_rate = 0.00002
-max_grad_norm = 1.0
-max_length = 128
-scale = 20.0
-seed = 42
-warmup = 0.1
-weight_decay = 0.01
 "#;
 
-    const BARE: &str = r#"# Written by `decide train`: fine-tuned from models/tiny.
-architecture = "bert"
-head = "cross-encoder"
-hf_id = "local/tiny"
-max_length = 256
-name = "tiny"
-revision = "trained"
-
-[files]
-"1_Pooling/config.json" = "f9d86028c6e0d64e225186f96acb69338b2c59764df79162107f5c4bb34d1310"
-"config.json" = "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
-
-[training]
+    const TRAINING: &str = r#"[training]
 base = "models/tiny"
 batch_size = 16
 data = "cases.jsonl"
