@@ -6,15 +6,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use decide_chat::{
-    ChatMessage, ChatModel, ChatModelError, ChatRequest, ChatResponse, InvocationContext,
-    ToolProvider, ToolProviderError, ToolProviderRequest, ToolSpecification, UserMessage,
+    ChatMessage, ChatModel, ChatModelError, ChatRequest, ChatResponse, ChatStreamEvent,
+    InvocationContext, StreamingChatModel, ToolProvider, ToolProviderError, ToolProviderRequest,
+    ToolSpecification, UserMessage,
 };
 use futures_core::Stream;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::memory::{MemoryError, MessageWindowChatMemory};
-use crate::stream::{ChatStreamEvent, StreamingChatModel};
 use crate::tool::{execute_tool_calls, Tool, ToolBox, ToolExecution};
 
 /// The default [`AgentBuilder::max_rounds`]: LLM calls per user message.

@@ -69,7 +69,6 @@ extern crate self as decide_agent;
 
 mod agent;
 mod memory;
-mod stream;
 mod tool;
 
 #[doc(hidden)]
@@ -83,10 +82,10 @@ pub use agent::{
     DEFAULT_MAX_ROUNDS, DEFAULT_MEMORY_ID,
 };
 pub use decide_chat::InvocationContext;
+pub use decide_chat::{ChatStream, ChatStreamEvent, StreamingChatModel};
 pub use decide_tool_macro::{tool, tools};
 pub use memory::{
     evict, ChatMemoryStore, InMemoryChatMemoryStore, MemoryError, MessageWindowChatMemory,
     MIN_MESSAGES,
 };
-pub use stream::{ChatStream, ChatStreamEvent, StreamingChatModel};
 pub use tool::{execute_tool_calls, Tool, ToolBox, ToolExecution, ToolFuture, ToolOutcome};

@@ -28,7 +28,9 @@
 //! * **One chat-model interface.** [`ChatModel`] (LangChain4j's `ChatModel`) is what the model router decorates and
 //!   the agent loop calls: a [`ChatRequest`] (messages, tools, [`ResponseFormat`], common parameters), a
 //!   [`ChatResponse`] with free-form attributes, and the [`Capabilities`] a router checks before choosing a model.
-//!   [`MockChatModel`] is its test double, public so that other crates' tests can use it.
+//!   [`MockChatModel`] is its test double, public so that other crates' tests can use it. [`StreamingChatModel`]
+//!   (LangChain4j's `StreamingChatModel`, kept beside `ChatModel` there too) streams the reply as [`ChatStreamEvent`]s
+//!   for the same request: the LLM clients implement both, and the agent loop streams through it.
 //!
 //! # Example
 //!
@@ -67,6 +69,7 @@ pub mod message;
 pub mod parse;
 pub mod provider;
 pub mod render;
+pub mod streaming_chat_model;
 pub mod tool;
 
 pub use chat_model::{
@@ -87,4 +90,5 @@ pub use provider::{
 pub use render::{
     decision_fields, decision_messages, shorten, DecisionMessage, RenderOptions, ELISION_MARKER,
 };
+pub use streaming_chat_model::{ChatStream, ChatStreamEvent, StreamingChatModel};
 pub use tool::{SearchBehavior, ToolSpecification, METADATA_SEARCH_BEHAVIOR};

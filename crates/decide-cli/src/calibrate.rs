@@ -4,11 +4,11 @@
 //! reads. The table's guarantee needs cases the model was not trained on.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use decide_chat::ToolSpecification;
-use decide_engine::{sigmoid, Calibration, Conformal};
+use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest};
 use decide_eval::Reliability;
 
 use crate::args::{CalibrateArgs, CasesArgs, FilterArgs, Global};
@@ -235,7 +235,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
             "[calibration]\na = {:.4}\nb = {:.4}\n\n[conformal]\n{}",
             round4(fit.a),
             round4(fit.b),
-            conformal_table(&conformal)
+            registry::conformal_toml(&conformal)
         )?,
     }
     if let Some(path) = &args.plot {
@@ -271,146 +271,6 @@ fn write_manifest(
         );
         return Ok(None);
     }
-    update_manifest(&path, fit, model.lexical_weight(), conformal)?;
+    Manifest::update_calibration(&path, fit, model.lexical_weight(), conformal)?;
     Ok(Some(path))
-}
-
-/// The `[conformal]` table's body: `source`, `cases`, then the probabilities ten to a line, so
-/// that a manifest stays readable.
-fn conformal_table(conformal: &Conformal) -> toml_edit::Table {
-    let mut table = toml_edit::Table::new();
-    table["source"] = toml_edit::value(conformal.source());
-    table["cases"] = toml_edit::value(conformal.cases() as i64);
-    let mut array = toml_edit::Array::new();
-    for (i, p) in conformal.needed_probabilities().iter().enumerate() {
-        let mut v = toml_edit::Value::from(*p);
-        v.decor_mut()
-            .set_prefix(if i % 10 == 0 { "\n  " } else { " " });
-        array.push_formatted(v);
-    }
-    array.set_trailing("\n");
-    array.set_trailing_comma(true);
-    table["needed_probabilities"] = toml_edit::value(array);
-    table
-}
-
-fn update_manifest(
-    path: &Path,
-    fit: Calibration,
-    lexical_weight: f64,
-    conformal: &Conformal,
-) -> anyhow::Result<()> {
-    let text = crate::input::read_text(path)?;
-    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
-        anyhow::anyhow!("{}: {}", path.display(), e.message())
-    })?;
-    doc["calibration"]["a"] = toml_edit::value(round4(fit.a));
-    doc["calibration"]["b"] = toml_edit::value(round4(fit.b));
-    if lexical_weight != 0.0 || doc.contains_key("scoring") {
-        if !doc.contains_key("scoring") {
-            doc["scoring"] = toml_edit::table();
-        }
-        doc["scoring"]["lexical_weight"] = toml_edit::value(round4(lexical_weight));
-    }
-    let fresh = conformal_table(conformal);
-    match doc.get_mut("conformal").and_then(|t| t.as_table_mut()) {
-        // Field by field, so that the table keeps its place and its comments.
-        Some(table) => {
-            for (key, item) in fresh.iter() {
-                table[key] = item.clone();
-            }
-        }
-        None => {
-            let mut table = fresh;
-            table.decor_mut().set_prefix(
-                "\n# The calibrated probabilities of the needed tools of the cases above, for\n\
-                 # --target-recall (split conformal prediction); written by `decide calibrate`.\n",
-            );
-            doc["conformal"] = toml_edit::Item::Table(table);
-        }
-    }
-    // Through a temporary file, so an interrupted write never leaves half a manifest.
-    let tmp = path.with_extension("toml.tmp");
-    std::fs::write(&tmp, doc.to_string()).with_context(|| tmp.display().to_string())?;
-    std::fs::rename(&tmp, path).with_context(|| path.display().to_string())?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_manifest_keeps_its_comments_and_gets_the_fit() {
-        let dir = std::env::temp_dir().join(format!("decide-cal-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("manifest.toml");
-        std::fs::write(
-            &path,
-            "# a comment\nname = \"m\"\n\n# Platt\n[calibration]\na = 1.0\nb = 0.0\n\n[files]\n\"x\" = \"y\"\n",
-        )
-        .unwrap();
-        let conformal = Conformal::from_needed((0..25).map(|i| i as f64 / 25.0))
-            .unwrap()
-            .with_cases(20)
-            .with_source("cases.jsonl with tools.json");
-        update_manifest(
-            &path,
-            Calibration {
-                a: 9.87654,
-                b: -4.32101,
-            },
-            0.6,
-            &conformal,
-        )
-        .unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            text.contains("# a comment") && text.contains("# Platt"),
-            "{text}"
-        );
-        let manifest: toml::Value = toml::from_str(&text).unwrap();
-        assert_eq!(manifest["calibration"]["a"].as_float(), Some(9.8765));
-        assert_eq!(manifest["calibration"]["b"].as_float(), Some(-4.321));
-        assert_eq!(manifest["scoring"]["lexical_weight"].as_float(), Some(0.6));
-        assert_eq!(manifest["files"]["x"].as_str(), Some("y"));
-        let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
-        assert_eq!(table, conformal);
-        assert!(text.contains("# The calibrated probabilities"), "{text}");
-        // Ten to a line.
-        assert!(
-            text.contains("\n  0.8, 0.84, 0.88, 0.92, 0.96,\n]"),
-            "{text}"
-        );
-
-        // Written again, the table keeps its place and comments and takes the new values.
-        let edited = text.replace("# The calibrated probabilities", "# mine");
-        std::fs::write(&path, edited).unwrap();
-        let smaller = Conformal::from_needed([0.5, 0.25]).unwrap().with_cases(2);
-        update_manifest(&path, Calibration { a: 1.0, b: 0.0 }, 0.6, &smaller).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains("# mine"), "{text}");
-        assert_eq!(text.matches("[conformal]").count(), 1, "{text}");
-        let manifest: toml::Value = toml::from_str(&text).unwrap();
-        let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
-        assert_eq!(table.needed_probabilities(), [0.25, 0.5]);
-        assert_eq!((table.cases(), table.source()), (2, ""));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_broken_manifest_is_named() {
-        let dir = std::env::temp_dir().join(format!("decide-cal-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("manifest.toml");
-        std::fs::write(&path, "[calibration\n").unwrap();
-        let conformal = Conformal::from_needed([0.5]).unwrap();
-        let err =
-            update_manifest(&path, Calibration { a: 1.0, b: 0.0 }, 0.0, &conformal).unwrap_err();
-        assert!(
-            err.to_string().starts_with(&path.display().to_string()),
-            "{err}"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

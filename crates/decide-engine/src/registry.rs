@@ -1,5 +1,5 @@
-//! Which models exist and where their files are: manifests, offline resolution and, with the
-//! `hub` feature, downloading.
+//! Which models exist and where their files are: manifests (read and written), offline
+//! resolution and, with the `hub` feature, downloading.
 //!
 //! Resolution never touches the network. It tries, in order: an explicit folder, `<name>/` in
 //! each models directory (`$DECIDE_MODELS_DIR`, `./models`, the `models/` folder of this
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use decide_contract::Conformal;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::calibration::Calibration;
 use crate::error::{EngineError, Result};
@@ -32,7 +33,7 @@ const BUILTIN: &[&str] = &[
 ];
 
 /// Which head a model is used with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HeadName {
     /// Embeds conversation and candidate separately and compares them (cosine).
@@ -52,7 +53,7 @@ impl HeadName {
 }
 
 /// A model's manifest (`models/<name>/manifest.toml`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
     /// Short name, as given to `--model`.
@@ -68,26 +69,26 @@ pub struct Manifest {
     /// The longest input in tokens.
     pub max_length: usize,
     /// The license of the weights.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub license: Option<String>,
     /// Platt scaling from raw score to probability.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
     /// How raw scores are formed; the calibration was fitted for these settings.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scoring: Option<Scoring>,
     /// How a model written by `decide train` was made (base model, data sha256,
     /// hyper-parameters); informational, the engine does not read it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<toml::Table>,
     /// How `models/fetch` builds the model from a base model and a delta, for a model of which
     /// the repository keeps only the tensors fine-tuning changed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<Build>,
     /// The calibrated probabilities of the needed tools of held-out cases, written by
     /// `decide calibrate`: what turns a target recall into a threshold. Valid for the
     /// `[calibration]` and `[scoring]` above only.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conformal: Option<Conformal>,
     /// sha256 of each file, by path relative to the model folder.
     pub files: BTreeMap<String, String>,
@@ -106,7 +107,7 @@ pub struct Scoring {
 /// assemble`) from the files of a base model and a delta, the tensors fine-tuning changed stored
 /// as float16; the built files are then checked against `[files]`. Informational for the engine,
 /// which reads the built folder like any other.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Build {
     /// The base model's short name: its files are in `models/<base>/`.
@@ -149,6 +150,138 @@ impl Manifest {
             .into_iter()
             .find(|m| m.name == name || m.hf_id == name)
     }
+
+    /// The manifest as TOML text, `comment` first (each of its lines as a `#` comment line):
+    /// what [`write_to`](Self::write_to) writes.
+    pub fn to_toml(&self, comment: &str) -> std::result::Result<String, String> {
+        // Through a table, whose keys are sorted: the text does not depend on the order of the
+        // fields of this struct.
+        let table = toml::Table::try_from(self).map_err(|e| e.to_string())?;
+        let body = toml::to_string(&table).map_err(|e| e.to_string())?;
+        let mut text: String = comment.lines().map(|l| format!("# {l}\n")).collect();
+        text.push_str(&body);
+        Ok(text)
+    }
+
+    /// Writes `dir/manifest.toml` (replacing it), `comment` first; see [`to_toml`](Self::to_toml).
+    /// `files` is written as it is: [`hash_files`](Self::hash_files) gives the folder's.
+    pub fn write_to(&self, dir: &Path, comment: &str) -> Result<()> {
+        let path = dir.join("manifest.toml");
+        let text = self
+            .to_toml(comment)
+            .map_err(|m| EngineError::bad_file(&path, m))?;
+        replace_file(&path, &text)
+    }
+
+    /// The `[files]` table of the folder `dir`: the sha256 of each of its files, subfolders
+    /// included, by path relative to `dir` (`/` between folders), but for `manifest.toml`.
+    pub fn hash_files(dir: &Path) -> Result<BTreeMap<String, String>> {
+        let mut files = BTreeMap::new();
+        files_of(dir, "", &mut files)?;
+        Ok(files)
+    }
+
+    /// Writes a fitted `calibration`, the `lexical_weight` it was fitted with and the
+    /// `conformal` table into the manifest at `path`, each number to four decimals, keeping
+    /// the rest of the file (other fields, comments, the place of an existing `[conformal]`
+    /// table) as it was. `[scoring]` is written when the weight is not 0 or the table exists.
+    pub fn update_calibration(
+        path: &Path,
+        calibration: Calibration,
+        lexical_weight: f64,
+        conformal: &Conformal,
+    ) -> Result<()> {
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::bad_file(path, e))?;
+        let mut doc: toml_edit::DocumentMut = text
+            .parse()
+            .map_err(|e: toml_edit::TomlError| EngineError::bad_file(path, e.message()))?;
+        doc["calibration"]["a"] = toml_edit::value(round4(calibration.a));
+        doc["calibration"]["b"] = toml_edit::value(round4(calibration.b));
+        if lexical_weight != 0.0 || doc.contains_key("scoring") {
+            if !doc.contains_key("scoring") {
+                doc["scoring"] = toml_edit::table();
+            }
+            doc["scoring"]["lexical_weight"] = toml_edit::value(round4(lexical_weight));
+        }
+        let fresh = conformal_table(conformal);
+        match doc.get_mut("conformal").and_then(|t| t.as_table_mut()) {
+            // Field by field, so that the table keeps its place and its comments.
+            Some(table) => {
+                for (key, item) in fresh.iter() {
+                    table[key] = item.clone();
+                }
+            }
+            None => {
+                let mut table = fresh;
+                table.decor_mut().set_prefix(
+                    "\n# The calibrated probabilities of the needed tools of the cases above, for\n\
+                     # --target-recall (split conformal prediction); written by `decide calibrate`.\n",
+                );
+                doc["conformal"] = toml_edit::Item::Table(table);
+            }
+        }
+        replace_file(path, &doc.to_string())
+    }
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// Writes `text` to `path` through a temporary file, so that an interrupted write never leaves
+/// half a manifest.
+fn replace_file(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).map_err(|e| EngineError::bad_file(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| EngineError::bad_file(path, e))
+}
+
+/// The body of a manifest's `[conformal]` table for `conformal`, as
+/// [`Manifest::update_calibration`] writes it: `source`, `cases`, then the probabilities ten to
+/// a line, so that a manifest stays readable.
+pub fn conformal_toml(conformal: &Conformal) -> String {
+    conformal_table(conformal).to_string()
+}
+
+fn conformal_table(conformal: &Conformal) -> toml_edit::Table {
+    let mut table = toml_edit::Table::new();
+    table["source"] = toml_edit::value(conformal.source());
+    table["cases"] = toml_edit::value(conformal.cases() as i64);
+    let mut array = toml_edit::Array::new();
+    for (i, p) in conformal.needed_probabilities().iter().enumerate() {
+        let mut v = toml_edit::Value::from(*p);
+        v.decor_mut()
+            .set_prefix(if i % 10 == 0 { "\n  " } else { " " });
+        array.push_formatted(v);
+    }
+    array.set_trailing("\n");
+    array.set_trailing_comma(true);
+    table["needed_probabilities"] = toml_edit::value(array);
+    table
+}
+
+/// The sha256 of a file, hex.
+pub fn file_sha256(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| EngineError::bad_file(path, e))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}
+
+fn files_of(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) -> Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::bad_file(dir, e))?
+        .filter_map(|e| e.ok())
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = format!("{prefix}{}", e.file_name().to_string_lossy());
+        let path = e.path();
+        if path.is_dir() {
+            files_of(&path, &format!("{name}/"), out)?;
+        } else if name != "manifest.toml" {
+            out.insert(name, file_sha256(&path)?);
+        }
+    }
+    Ok(())
 }
 
 /// A model found on disk.
@@ -350,6 +483,106 @@ mod tests {
         );
         let err = resolve("./missing/folder").unwrap_err().to_string();
         assert!(err.contains("was not found"), "{err}");
+    }
+
+    #[test]
+    fn the_manifest_keeps_its_comments_and_gets_the_fit() {
+        let dir = std::env::temp_dir().join(format!("decide-cal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("manifest.toml");
+        std::fs::write(
+            &path,
+            "# a comment\nname = \"m\"\n\n# Platt\n[calibration]\na = 1.0\nb = 0.0\n\n[files]\n\"x\" = \"y\"\n",
+        )
+        .unwrap();
+        let conformal = Conformal::from_needed((0..25).map(|i| i as f64 / 25.0))
+            .unwrap()
+            .with_cases(20)
+            .with_source("cases.jsonl with tools.json");
+        Manifest::update_calibration(
+            &path,
+            Calibration {
+                a: 9.87654,
+                b: -4.32101,
+            },
+            0.6,
+            &conformal,
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("# a comment") && text.contains("# Platt"),
+            "{text}"
+        );
+        let manifest: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(manifest["calibration"]["a"].as_float(), Some(9.8765));
+        assert_eq!(manifest["calibration"]["b"].as_float(), Some(-4.321));
+        assert_eq!(manifest["scoring"]["lexical_weight"].as_float(), Some(0.6));
+        assert_eq!(manifest["files"]["x"].as_str(), Some("y"));
+        let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
+        assert_eq!(table, conformal);
+        assert!(text.contains("# The calibrated probabilities"), "{text}");
+        // Ten to a line.
+        assert!(
+            text.contains("\n  0.8, 0.84, 0.88, 0.92, 0.96,\n]"),
+            "{text}"
+        );
+
+        // Written again, the table keeps its place and comments and takes the new values.
+        let edited = text.replace("# The calibrated probabilities", "# mine");
+        std::fs::write(&path, edited).unwrap();
+        let smaller = Conformal::from_needed([0.5, 0.25]).unwrap().with_cases(2);
+        Manifest::update_calibration(&path, Calibration { a: 1.0, b: 0.0 }, 0.6, &smaller).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("# mine"), "{text}");
+        assert_eq!(text.matches("[conformal]").count(), 1, "{text}");
+        let manifest: toml::Value = toml::from_str(&text).unwrap();
+        let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
+        assert_eq!(table.needed_probabilities(), [0.25, 0.5]);
+        assert_eq!((table.cases(), table.source()), (2, ""));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_broken_manifest_is_named() {
+        let dir = std::env::temp_dir().join(format!("decide-cal-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("manifest.toml");
+        std::fs::write(&path, "[calibration\n").unwrap();
+        let conformal = Conformal::from_needed([0.5]).unwrap();
+        let err =
+            Manifest::update_calibration(&path, Calibration { a: 1.0, b: 0.0 }, 0.0, &conformal)
+                .unwrap_err();
+        assert!(
+            err.to_string().starts_with(&path.display().to_string()),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_written_manifest_reads_back() {
+        let dir = std::env::temp_dir().join(format!("decide-manifest-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        std::fs::write(dir.join("1_Pooling/config.json"), "{}").unwrap();
+        let mut m = Manifest::find_builtin(DEFAULT_MODEL).unwrap();
+        m.calibration = Some(Calibration { a: 2.5, b: -1.0 });
+        m.conformal = Some(Conformal::from_needed([0.25, 0.5]).unwrap().with_cases(2));
+        m.files = Manifest::hash_files(&dir).unwrap();
+        assert_eq!(
+            m.files.keys().collect::<Vec<_>>(),
+            ["1_Pooling/config.json", "config.json"]
+        );
+        m.write_to(&dir, "first line\nsecond").unwrap();
+        let text = std::fs::read_to_string(dir.join("manifest.toml")).unwrap();
+        assert!(text.starts_with("# first line\n# second\n"), "{text}");
+        let back = Manifest::read_from(&dir).unwrap().unwrap();
+        assert_eq!(back.to_toml("").unwrap(), m.to_toml("").unwrap());
+        assert_eq!(back.conformal, m.conformal);
+        assert_eq!(back.build, m.build);
+        assert!(!dir.join("manifest.toml.tmp").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `/api/chat`.
 //!
 //! Both implement [`ChatModel`](decide_chat::ChatModel) (so the model router can route between them and the agent
-//! can call them) and [`StreamingChatModel`](decide_agent::StreamingChatModel) (so the agent can stream answers).
+//! can call them) and [`StreamingChatModel`](decide_chat::StreamingChatModel) (so the agent can stream answers).
 //!
 //! * [`OpenAiChatModel`] speaks `POST {base_url}/chat/completions`: OpenAI, vLLM, llama.cpp's server, LM Studio and
 //!   Ollama's `/v1` endpoint. Tools go as `tools`, calls come back as `tool_calls` (the legacy `function_call` is

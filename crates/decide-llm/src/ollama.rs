@@ -3,10 +3,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use decide_agent::{ChatStream, ChatStreamEvent, StreamingChatModel};
 use decide_chat::{
     AssistantMessage, Capabilities, ChatFuture, ChatMessage, ChatModel, ChatModelError,
-    ChatRequest, ChatResponse, ChatTokenUsage, Content, ResponseFormat, ToolCall,
+    ChatRequest, ChatResponse, ChatStream, ChatStreamEvent, ChatTokenUsage, Content,
+    ResponseFormat, StreamingChatModel, ToolCall,
 };
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};

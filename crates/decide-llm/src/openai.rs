@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use decide_agent::{ChatStream, ChatStreamEvent, StreamingChatModel};
 use decide_chat::{
     AssistantMessage, ChatFuture, ChatMessage, ChatModel, ChatModelError, ChatRequest,
-    ChatResponse, ChatTokenUsage, ResponseFormat, ToolCall,
+    ChatResponse, ChatStream, ChatStreamEvent, ChatTokenUsage, ResponseFormat, StreamingChatModel,
+    ToolCall,
 };
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};

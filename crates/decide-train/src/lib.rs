@@ -30,17 +30,26 @@
 //! * **Determinism**: shuffles, hard-negative draws and dropout masks come from one seeded
 //!   generator, so the same seed and data give the same weights.
 //!
+//! The crate's modules follow its jobs: `config` (the hyper-parameters and head), `data` (the
+//! cases and the texts as token rows; all tokenizing and trimming is there), `model` (the
+//! differentiable encoder), `trainer` (the loop: mining, steps, the frozen layers' cache) and
+//! `export` (the model folder and its manifest, written through [`decide_engine::Manifest`]).
+//!
 //! The command (`decide train`) reads and checks the data, drives epochs, evaluates, keeps the
 //! best epoch and fits the calibration; this crate holds the model, the loss and the folder
 //! writing.
 #![deny(missing_docs)]
 
+mod config;
+mod data;
 mod error;
+mod export;
 mod model;
 mod trainer;
 
+pub use config::{Hyper, TrainHead};
+pub use data::{Example, ExampleSource, ExampleSpool, TrainData};
+pub use decide_engine::registry::file_sha256;
 pub use error::{Result, TrainError};
-pub use trainer::{
-    file_sha256, write_manifest, Example, ExampleSource, ExampleSpool, Hyper, ModelMeta,
-    StepReport, TrainData, TrainHead, Trainer,
-};
+pub use export::{write_manifest, ModelMeta};
+pub use trainer::{StepReport, Trainer};

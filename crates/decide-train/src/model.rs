@@ -12,8 +12,8 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor, Var, D};
 use decide_engine::{Activation, EncoderConfig, Family};
 
+use crate::config::TrainHead;
 use crate::error::{Result, TrainError};
-use crate::trainer::TrainHead;
 
 /// A seeded generator (SplitMix64): the same seed gives the same shuffles, hard negatives and
 /// dropout masks, hence the same weights. candle's own `rand` draws from the thread's RNG,

@@ -1,305 +1,20 @@
-//! The training loop: data, batches, loss, optimiser and the saved folder.
+//! The training loop: batches, hard-negative mining, loss, optimiser, the frozen layers'
+//! cached states and evaluation by the current weights.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
-use decide_engine::{trim_pair, trim_single, Calibration, EncoderConfig};
-use sha2::{Digest, Sha256};
-use tokenizers::{Encoding, PostProcessor, Tokenizer};
+use decide_engine::EncoderConfig;
+use tokenizers::Tokenizer;
 
+use crate::config::{Hyper, TrainHead};
+use crate::data::{Encoded, Example, ExampleSource, Row, Rows, Tokens, TrainData};
 use crate::error::{Result, TrainError};
+use crate::export::{write_folder, ModelMeta};
 use crate::model::{Bert, Rng};
-
-/// The hyper-parameters of a run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Hyper {
-    /// Passes over the training pairs.
-    pub epochs: usize,
-    /// Peak learning rate.
-    pub learning_rate: f64,
-    /// (query, tool) pairs per step.
-    pub batch_size: usize,
-    /// Longest input in tokens; longer ones lose their end.
-    pub max_length: usize,
-    /// Seed of every random draw.
-    pub seed: u64,
-    /// Fraction of the steps spent warming the learning rate up from zero.
-    pub warmup: f64,
-    /// AdamW's decoupled weight decay.
-    pub weight_decay: f64,
-    /// Inverse temperature of the contrastive softmax (20 as in sentence-transformers).
-    pub scale: f64,
-    /// Dropout probability (BERT's 0.1).
-    pub dropout: f32,
-    /// Gradients are scaled down when their global norm exceeds this.
-    pub max_grad_norm: f64,
-    /// How many of the top-ranked unneeded tools a case's hard negative is drawn from (0: none).
-    pub hard_negative_pool: usize,
-    /// The head trained on the encoder.
-    pub head: TrainHead,
-    /// Layers frozen at the bottom of the encoder, with the embeddings (0: every weight
-    /// trains). Their outputs are computed once per text, without dropout, and reused: a step
-    /// runs forward and backward only through the layers above.
-    pub frozen_layers: usize,
-}
-
-impl Default for Hyper {
-    fn default() -> Self {
-        Self {
-            epochs: 4,
-            learning_rate: 2e-5,
-            batch_size: 16,
-            max_length: 128,
-            seed: 42,
-            warmup: 0.1,
-            weight_decay: 0.01,
-            scale: 20.0,
-            dropout: 0.1,
-            max_grad_norm: 1.0,
-            hard_negative_pool: 5,
-            head: TrainHead::BiEncoder,
-            frozen_layers: 0,
-        }
-    }
-}
-
-impl Hyper {
-    fn check(&self) -> Result<()> {
-        let bad = |option, message: &str| {
-            Err(TrainError::InvalidOption {
-                option,
-                message: message.to_string(),
-            })
-        };
-        if self.epochs == 0 {
-            return bad("epochs", "must be at least 1");
-        }
-        if !(self.learning_rate > 0.0 && self.learning_rate < 1.0) {
-            return bad("lr", "must be between 0 and 1");
-        }
-        if self.batch_size < 2 {
-            return bad(
-                "batch-size",
-                "must be at least 2 (the other pairs are the negatives)",
-            );
-        }
-        if self.max_length < 8 {
-            return bad("max-length", "must be at least 8");
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return bad("dropout", "must be in [0, 1)");
-        }
-        Ok(())
-    }
-
-    /// The hyper-parameters as a TOML table, for the manifest.
-    pub fn to_toml(&self) -> toml::Table {
-        let mut t = toml::Table::new();
-        t.insert("epochs".into(), (self.epochs as i64).into());
-        t.insert("learning_rate".into(), self.learning_rate.into());
-        t.insert("batch_size".into(), (self.batch_size as i64).into());
-        t.insert("max_length".into(), (self.max_length as i64).into());
-        t.insert("seed".into(), (self.seed as i64).into());
-        t.insert("warmup".into(), self.warmup.into());
-        t.insert("weight_decay".into(), self.weight_decay.into());
-        t.insert("scale".into(), self.scale.into());
-        // Through its shortest decimal form, so that 0.1 reads 0.1 rather than 0.10000000149.
-        let dropout = self
-            .dropout
-            .to_string()
-            .parse()
-            .unwrap_or(self.dropout as f64);
-        t.insert("dropout".into(), dropout.into());
-        t.insert("max_grad_norm".into(), self.max_grad_norm.into());
-        t.insert(
-            "hard_negative_pool".into(),
-            (self.hard_negative_pool as i64).into(),
-        );
-        t.insert("head".into(), self.head.name().into());
-        t.insert("frozen_layers".into(), (self.frozen_layers as i64).into());
-        t
-    }
-}
-
-/// Which head is trained on the encoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TrainHead {
-    /// Mean-pooled embeddings compared by cosine; contrastive loss over in-batch and hard
-    /// negatives. Fast at decision time: tool embeddings are cached.
-    #[default]
-    BiEncoder,
-    /// The conversation and one tool read together, one logit per pair; binary cross-entropy
-    /// on each needed tool against a hard and a random negative. More accurate per pair, but a
-    /// forward pass per pair: use it to rerank a bi-encoder's shortlist (`--rerank`).
-    CrossEncoder,
-}
-
-impl TrainHead {
-    /// The name the command line and the manifest use.
-    pub fn name(self) -> &'static str {
-        match self {
-            TrainHead::BiEncoder => "bi-encoder",
-            TrainHead::CrossEncoder => "cross-encoder",
-        }
-    }
-}
-
-/// One training case: a query and the documents (tool texts) it needs.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Example {
-    /// The conversation as the engine renders it.
-    pub query: String,
-    /// Indexes into the documents of the needed tools.
-    pub positives: Vec<usize>,
-    /// Indexes of the documents the case was offered (its own catalogue); its hard negatives
-    /// are mined among them. Empty: among every document.
-    pub candidates: Vec<usize>,
-}
-
-/// The training cases, read by index: held in memory (`Vec<Example>`), or spooled to disk
-/// ([`ExampleSpool`]) so that a file larger than memory can be trained on.
-pub trait ExampleSource: Send {
-    /// How many cases there are.
-    fn len(&self) -> usize;
-    /// Whether there is no case.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Case `index` (below [`len`](Self::len)).
-    fn example(&mut self, index: usize) -> Result<Example>;
-}
-
-impl ExampleSource for Vec<Example> {
-    fn len(&self) -> usize {
-        <[Example]>::len(self)
-    }
-
-    fn example(&mut self, index: usize) -> Result<Example> {
-        self.get(index)
-            .cloned()
-            .ok_or_else(|| TrainError::BadData(format!("no example {index}")))
-    }
-}
-
-/// Cases written to a scratch file as the data is read, then read back by index: training
-/// keeps an offset per case in memory, not the case's text. The file is removed when the
-/// spool is dropped.
-pub struct ExampleSpool {
-    path: PathBuf,
-    writer: Option<BufWriter<File>>,
-    reader: Option<File>,
-    offsets: Vec<u64>,
-    written: u64,
-}
-
-impl ExampleSpool {
-    /// Creates (or truncates) the scratch file at `path`.
-    pub fn create(path: &Path) -> Result<Self> {
-        let file = File::create(path).map_err(|e| TrainError::bad_file(path, e))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            writer: Some(BufWriter::new(file)),
-            reader: None,
-            offsets: Vec::new(),
-            written: 0,
-        })
-    }
-
-    /// Appends a case.
-    pub fn push(&mut self, example: &Example) -> Result<()> {
-        let Some(w) = self.writer.as_mut() else {
-            return Err(TrainError::BadData(
-                "the spool is already being read".into(),
-            ));
-        };
-        // Record: positives count, positives, candidates count, candidates, query length,
-        // query bytes (all little-endian u32).
-        let indexes = example.positives.len() + example.candidates.len();
-        let mut record = Vec::with_capacity(12 + 4 * indexes + example.query.len());
-        for list in [&example.positives, &example.candidates] {
-            record.extend((list.len() as u32).to_le_bytes());
-            for &p in list {
-                record.extend((p as u32).to_le_bytes());
-            }
-        }
-        record.extend((example.query.len() as u32).to_le_bytes());
-        record.extend(example.query.as_bytes());
-        w.write_all(&record)
-            .map_err(|e| TrainError::bad_file(&self.path, e))?;
-        self.offsets.push(self.written);
-        self.written += record.len() as u64;
-        Ok(())
-    }
-}
-
-impl ExampleSource for ExampleSpool {
-    fn len(&self) -> usize {
-        self.offsets.len()
-    }
-
-    fn example(&mut self, index: usize) -> Result<Example> {
-        let path = &self.path;
-        let bad = |e: std::io::Error| TrainError::bad_file(path, e);
-        if let Some(mut w) = self.writer.take() {
-            w.flush().map_err(bad)?;
-        }
-        let Some(&start) = self.offsets.get(index) else {
-            return Err(TrainError::BadData(format!("no example {index}")));
-        };
-        let end = self.offsets.get(index + 1).copied().unwrap_or(self.written);
-        let reader = match &mut self.reader {
-            Some(r) => r,
-            slot => slot.insert(File::open(path).map_err(bad)?),
-        };
-        // The whole record in one read, then parsed from memory.
-        let mut record = vec![0u8; (end - start) as usize];
-        reader.seek(SeekFrom::Start(start)).map_err(bad)?;
-        reader.read_exact(&mut record).map_err(bad)?;
-        let corrupt = || TrainError::bad_file(path, "corrupt spool");
-        let mut words = record.chunks_exact(4);
-        let mut next = || -> Result<usize> {
-            let w = words.next().ok_or_else(corrupt)?;
-            Ok(u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as usize)
-        };
-        let n = next()?;
-        let positives = (0..n).map(|_| next()).collect::<Result<Vec<_>>>()?;
-        let m = next()?;
-        let candidates = (0..m).map(|_| next()).collect::<Result<Vec<_>>>()?;
-        let len = next()?;
-        let text = record
-            .get(4 * (n + m + 3)..)
-            .filter(|t| t.len() == len)
-            .ok_or_else(corrupt)?;
-        let query = String::from_utf8(text.to_vec())
-            .map_err(|_| TrainError::bad_file(path, "corrupt spool (not UTF-8)"))?;
-        Ok(Example {
-            query,
-            positives,
-            candidates,
-        })
-    }
-}
-
-impl Drop for ExampleSpool {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// What a run trains on, held in memory.
-#[derive(Debug, Clone, Default)]
-pub struct TrainData {
-    /// Every tool text (name and description as the engine sees it), each once; hard negatives
-    /// are mined among them.
-    pub documents: Vec<String>,
-    /// The cases with at least one needed tool.
-    pub examples: Vec<Example>,
-}
 
 /// What one step did.
 #[derive(Debug, Clone, Copy)]
@@ -313,16 +28,6 @@ pub struct StepReport {
     /// The learning rate used.
     pub learning_rate: f64,
 }
-
-/// Token rows of one batch, padded: ids, token types and mask.
-struct Rows {
-    ids: Tensor,
-    types: Tensor,
-    mask: Tensor,
-}
-
-/// One tokenized input: ids and token types.
-type Row = (Vec<u32>, Vec<u32>);
 
 /// Rows per forward pass above the frozen layers: a step's rows run in groups of similar
 /// length.
@@ -338,8 +43,7 @@ enum Text {
 /// A model being trained.
 pub struct Trainer {
     bert: Bert,
-    tokenizer: Tokenizer,
-    tok_path: PathBuf,
+    tokens: Tokens,
     optimizer: AdamW,
     hyper: Hyper,
     rng: Rng,
@@ -348,22 +52,16 @@ pub struct Trainer {
     base: PathBuf,
     examples: Box<dyn ExampleSource>,
     /// The tools, tokenized without special tokens (the engine's own first step).
-    documents: Vec<Encoding>,
+    documents: Vec<Encoded>,
     /// Per example, the pool its hard negatives are drawn from.
     hard: Vec<Vec<u32>>,
     /// Whether hard negatives were mined once (a cross-encoder mines only at the start).
     mined: bool,
     /// (example, positive) pairs.
     pairs: Vec<(u32, u32)>,
-    /// Special tokens the tokenizer adds to one text and to a pair.
-    specials: (usize, usize),
     /// With frozen layers: each text's hidden states (tokens, hidden) after them, computed
     /// once. Frozen layers run without dropout, so these never change.
     states: HashMap<Text, Tensor>,
-}
-
-fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::bad_file(path, e)
 }
 
 impl Trainer {
@@ -417,24 +115,11 @@ impl Trainer {
             });
         }
         let bert = Bert::load(&weights, config, device, hyper.head, &mut rng)?;
-        let tok_path = base.join("tokenizer.json");
-        let mut tokenizer =
-            Tokenizer::from_file(&tok_path).map_err(|e| tokenizer_error(&tok_path, e))?;
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| tokenizer_error(&tok_path, e))?;
-        tokenizer.with_padding(None);
-        let specials = tokenizer
-            .get_post_processor()
-            .map(|p| (p.added_tokens(false), p.added_tokens(true)))
-            .unwrap_or((0, 0));
+        let max_length = hyper.max_length.min(bert.config.max_tokens());
+        let tokens = Tokens::load(&base.join("tokenizer.json"), max_length)?;
         let documents = documents
             .iter()
-            .map(|d| {
-                tokenizer
-                    .encode_fast(d.as_str(), false)
-                    .map_err(|e| tokenizer_error(&tok_path, e))
-            })
+            .map(|d| tokens.encode(d))
             .collect::<Result<Vec<_>>>()?;
         let steps_per_epoch = pairs.len().div_ceil(hyper.batch_size);
         let vars = bert
@@ -453,8 +138,7 @@ impl Trainer {
         )?;
         Ok(Self {
             bert,
-            tokenizer,
-            tok_path,
+            tokens,
             optimizer,
             rng,
             total_steps: steps_per_epoch * hyper.epochs,
@@ -466,7 +150,6 @@ impl Trainer {
             examples,
             documents,
             pairs,
-            specials,
             states: HashMap::new(),
         })
     }
@@ -483,7 +166,7 @@ impl Trainer {
 
     /// The tokenizer in use (for tests and reports).
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.tokens.tokenizer()
     }
 
     /// The head being trained.
@@ -491,68 +174,8 @@ impl Trainer {
         self.hyper.head
     }
 
-    fn max_length(&self) -> usize {
-        self.hyper.max_length.min(self.bert.config.max_tokens())
-    }
-
-    fn encode(&self, text: &str) -> Result<Encoding> {
-        self.tokenizer
-            .encode_fast(text, false)
-            .map_err(|e| tokenizer_error(&self.tok_path, e))
-    }
-
-    fn finish(&self, first: Encoding, second: Option<Encoding>) -> Result<Row> {
-        let enc = self
-            .tokenizer
-            .post_process(first, second, true)
-            .map_err(|e| tokenizer_error(&self.tok_path, e))?;
-        Ok((enc.get_ids().to_vec(), enc.get_type_ids().to_vec()))
-    }
-
-    /// One text as the engine's bi-encoder reads it: a query keeps its end (the latest
-    /// turns), a tool its start.
-    fn single_row(&self, enc: &Encoding, keep_end: bool) -> Result<Row> {
-        let mut enc = enc.clone();
-        trim_single(
-            &mut enc,
-            self.max_length().saturating_sub(self.specials.0),
-            keep_end,
-        );
-        self.finish(enc, None)
-    }
-
-    /// A (query, tool) pair trimmed exactly as the engine's cross-encoder trims it.
-    fn pair_row(&self, query: &Encoding, candidate: &Encoding) -> Result<Row> {
-        let (mut query, mut cand) = (query.clone(), candidate.clone());
-        trim_pair(
-            &mut query,
-            &mut cand,
-            self.max_length().saturating_sub(self.specials.1),
-        );
-        self.finish(query, Some(cand))
-    }
-
     fn batch(&self, rows: &[&Row]) -> Result<Rows> {
-        let l = rows.iter().map(|r| r.0.len()).max().unwrap_or(1);
-        let pad = self.bert.config.pad_token_id;
-        let mut ids = Vec::with_capacity(rows.len() * l);
-        let mut types = Vec::with_capacity(rows.len() * l);
-        let mut mask = Vec::with_capacity(rows.len() * l);
-        for (r, t) in rows {
-            ids.extend_from_slice(r);
-            ids.extend(std::iter::repeat_n(pad, l - r.len()));
-            types.extend_from_slice(t);
-            types.extend(std::iter::repeat_n(0, l - t.len()));
-            mask.extend(std::iter::repeat_n(1f32, r.len()));
-            mask.extend(std::iter::repeat_n(0f32, l - r.len()));
-        }
-        let d = &self.bert.device;
-        let shape = (rows.len(), l);
-        Ok(Rows {
-            ids: Tensor::from_vec(ids, shape, d)?,
-            types: Tensor::from_vec(types, shape, d)?,
-            mask: Tensor::from_vec(mask, shape, d)?,
-        })
+        Rows::pad(rows, self.bert.config.pad_token_id, &self.bert.device)
     }
 
     /// Embeddings of token rows without dropout or gradients, in chunks.
@@ -680,7 +303,7 @@ impl Trainer {
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         let rows = texts
             .iter()
-            .map(|t| self.single_row(&self.encode(t)?, false))
+            .map(|t| self.tokens.single_row(&self.tokens.encode(t)?, false))
             .collect::<Result<Vec<_>>>()?;
         self.embed_rows(&rows.iter().collect::<Vec<_>>())
     }
@@ -690,7 +313,10 @@ impl Trainer {
     pub fn classify(&self, pairs: &[(&str, &str)]) -> Result<Vec<f32>> {
         let rows = pairs
             .iter()
-            .map(|(q, d)| self.pair_row(&self.encode(q)?, &self.encode(d)?))
+            .map(|(q, d)| {
+                self.tokens
+                    .pair_row(&self.tokens.encode(q)?, &self.tokens.encode(d)?)
+            })
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Row> = rows.iter().collect();
         let b = self.batch(&refs)?;
@@ -713,7 +339,7 @@ impl Trainer {
             .documents
             .iter()
             .enumerate()
-            .map(|(j, d)| Ok((Text::Doc(j as u32), self.single_row(d, false)?)))
+            .map(|(j, d)| Ok((Text::Doc(j as u32), self.tokens.single_row(d, false)?)))
             .collect::<Result<Vec<_>>>()?;
         let docs = self.embed_all(&doc_rows)?;
         drop(doc_rows);
@@ -729,7 +355,11 @@ impl Trainer {
                 .enumerate()
                 .map(|(o, e)| {
                     let key = Text::Query((start + o) as u32);
-                    Ok((key, self.single_row(&self.encode(&e.query)?, true)?))
+                    Ok((
+                        key,
+                        self.tokens
+                            .single_row(&self.tokens.encode(&e.query)?, true)?,
+                    ))
                 })
                 .collect::<Result<Vec<_>>>()?;
             let queries = self.embed_all(&rows)?;
@@ -868,11 +498,14 @@ impl Trainer {
         }
         let q_rows = batch
             .iter()
-            .map(|(e, _)| self.single_row(&self.encode(&cases[e].query)?, true))
+            .map(|(e, _)| {
+                self.tokens
+                    .single_row(&self.tokens.encode(&cases[e].query)?, true)
+            })
             .collect::<Result<Vec<_>>>()?;
         let d_rows = docs
             .iter()
-            .map(|&d| self.single_row(&self.documents[d], false))
+            .map(|&d| self.tokens.single_row(&self.documents[d], false))
             .collect::<Result<Vec<_>>>()?;
         let (q, d) = if self.hyper.frozen_layers > 0 {
             let qk: Vec<(Text, &Row)> = batch
@@ -927,13 +560,13 @@ impl Trainer {
                 }
             }
         }
-        let mut queries: HashMap<u32, Encoding> = HashMap::new();
+        let mut queries: HashMap<u32, Encoded> = HashMap::new();
         for (e, case) in cases {
-            queries.insert(*e, self.encode(&case.query)?);
+            queries.insert(*e, self.tokens.encode(&case.query)?);
         }
         let rows = items
             .iter()
-            .map(|(e, d, _)| self.pair_row(&queries[e], &self.documents[*d]))
+            .map(|(e, d, _)| self.tokens.pair_row(&queries[e], &self.documents[*d]))
             .collect::<Result<Vec<_>>>()?;
         let b = self.batch(&rows.iter().collect::<Vec<_>>())?;
         let p = self.hyper.dropout;
@@ -969,195 +602,22 @@ impl Trainer {
     /// sentence-transformers modules of a bi-encoder, the one-label classifier configuration
     /// of a cross-encoder) and a manifest from `meta`.
     pub fn save(&self, dir: &Path, meta: &ModelMeta) -> Result<()> {
-        let io = |p: &Path, e: std::io::Error| TrainError::bad_file(p, e);
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        let weights = dir.join("model.safetensors");
-        candle_core::safetensors::save(&self.weights()?, &weights)
-            .map_err(|e| TrainError::bad_file(&weights, e))?;
-        let head = self.hyper.head;
-        copy_base_files(&self.base, dir, head)?;
-        match head {
-            TrainHead::BiEncoder if !dir.join("modules.json").is_file() => {
-                let modules = r#"[
-  {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-  {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-  {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-]
-"#;
-                let pooling = format!(
-                    "{{\"word_embedding_dimension\": {}, \"pooling_mode_cls_token\": false, \"pooling_mode_mean_tokens\": true, \"pooling_mode_max_tokens\": false}}\n",
-                    self.bert.config.hidden_size
-                );
-                let p = dir.join("modules.json");
-                std::fs::write(&p, modules).map_err(|e| io(&p, e))?;
-                let pdir = dir.join("1_Pooling");
-                std::fs::create_dir_all(&pdir).map_err(|e| io(&pdir, e))?;
-                let p = pdir.join("config.json");
-                std::fs::write(&p, pooling).map_err(|e| io(&p, e))?;
-            }
-            TrainHead::BiEncoder => {}
-            TrainHead::CrossEncoder => {
-                // The base's config with one label: what transformers and the engine read as a
-                // one-logit sequence classifier.
-                let path = self.base.join("config.json");
-                let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
-                let mut config: serde_json::Value =
-                    serde_json::from_str(&text).map_err(|e| TrainError::bad_file(&path, e))?;
-                if let Some(obj) = config.as_object_mut() {
-                    obj.insert(
-                        "architectures".into(),
-                        serde_json::json!(["BertForSequenceClassification"]),
-                    );
-                    obj.insert("id2label".into(), serde_json::json!({"0": "LABEL_0"}));
-                    obj.insert("label2id".into(), serde_json::json!({"LABEL_0": 0}));
-                    obj.remove("num_labels");
-                }
-                let p = dir.join("config.json");
-                let text = serde_json::to_string_pretty(&config)
-                    .map_err(|e| TrainError::bad_file(&p, e))?;
-                std::fs::write(&p, text + "\n").map_err(|e| io(&p, e))?;
-            }
-        }
-        write_manifest(dir, meta)
+        write_folder(
+            dir,
+            &self.base,
+            self.hyper.head,
+            self.bert.config.hidden_size,
+            &self.weights()?,
+            meta,
+        )
     }
-}
-
-/// sentence-transformers' files, which describe a bi-encoder's pooling.
-const SENTENCE_TRANSFORMERS: [&str; 3] = [
-    "modules.json",
-    "sentence_bert_config.json",
-    "config_sentence_transformers.json",
-];
-
-/// Files of the base folder that describe the model rather than its weights: copied as they
-/// are, but for a cross-encoder, which gets its own config.json and no pooling modules.
-fn copy_base_files(base: &Path, dir: &Path, head: TrainHead) -> Result<()> {
-    const SKIP: [&str; 4] = [
-        "model.safetensors",
-        "pytorch_model.bin",
-        "manifest.toml",
-        "reference.json",
-    ];
-    let cross = head == TrainHead::CrossEncoder;
-    let io = |p: &Path, e: std::io::Error| TrainError::bad_file(p, e);
-    for entry in std::fs::read_dir(base).map_err(|e| io(base, e))? {
-        let entry = entry.map_err(|e| io(base, e))?;
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if SKIP.contains(&name.as_str()) || name.starts_with('.') {
-            continue;
-        }
-        if cross && (SENTENCE_TRANSFORMERS.contains(&name.as_str()) || name == "config.json") {
-            continue;
-        }
-        if path.is_file() {
-            std::fs::copy(&path, dir.join(&name)).map_err(|e| io(&path, e))?;
-        } else if !cross && path.is_dir() && name.starts_with(|c: char| c.is_ascii_digit()) {
-            // sentence-transformers module folders (1_Pooling, 2_Normalize).
-            let target = dir.join(&name);
-            std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-            for f in std::fs::read_dir(&path).map_err(|e| io(&path, e))? {
-                let f = f.map_err(|e| io(&path, e))?.path();
-                if f.is_file() {
-                    if let Some(n) = f.file_name() {
-                        std::fs::copy(&f, target.join(n)).map_err(|e| io(&f, e))?;
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// What the manifest of a trained model says besides its files.
-#[derive(Debug, Clone)]
-pub struct ModelMeta {
-    /// The model's name.
-    pub name: String,
-    /// The base model's Hugging Face id (the trained model's `hf_id` names where it came from).
-    pub base_hf_id: String,
-    /// The base model as given (folder or name).
-    pub base: String,
-    /// The head the weights were trained for.
-    pub head: TrainHead,
-    /// The longest input in tokens.
-    pub max_length: usize,
-    /// The base model's licence, which the weights inherit.
-    pub license: Option<String>,
-    /// The base model's lexical weight (hybrid scoring), kept so that scores mean the same.
-    pub lexical_weight: Option<f64>,
-    /// The Platt scaling, once fitted.
-    pub calibration: Option<Calibration>,
-    /// The `[training]` table: data hashes, hyper-parameters, epochs, where the calibration
-    /// was fitted.
-    pub training: toml::Table,
-}
-
-/// The sha256 of a file, hex.
-pub fn file_sha256(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| TrainError::bad_file(path, e))?;
-    Ok(format!("{:x}", Sha256::digest(&bytes)))
-}
-
-fn files_of(dir: &Path, prefix: &str, out: &mut toml::Table) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| TrainError::bad_file(dir, e))?
-        .filter_map(|e| e.ok())
-        .collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let name = format!("{prefix}{}", e.file_name().to_string_lossy());
-        let path = e.path();
-        if path.is_dir() {
-            files_of(&path, &format!("{name}/"), out)?;
-        } else if name != "manifest.toml" {
-            out.insert(name, file_sha256(&path)?.into());
-        }
-    }
-    Ok(())
-}
-
-/// Writes `dir/manifest.toml` for `meta`, with the sha256 of every other file of the folder.
-pub fn write_manifest(dir: &Path, meta: &ModelMeta) -> Result<()> {
-    let mut t = toml::Table::new();
-    t.insert("name".into(), meta.name.clone().into());
-    t.insert("hf_id".into(), meta.base_hf_id.clone().into());
-    t.insert("revision".into(), "trained".into());
-    t.insert("architecture".into(), "bert".into());
-    t.insert("head".into(), meta.head.name().into());
-    t.insert("max_length".into(), (meta.max_length as i64).into());
-    if let Some(l) = &meta.license {
-        t.insert("license".into(), l.clone().into());
-    }
-    if let Some(w) = meta.lexical_weight {
-        let mut s = toml::Table::new();
-        s.insert("lexical_weight".into(), w.into());
-        t.insert("scoring".into(), s.into());
-    }
-    if let Some(c) = meta.calibration {
-        let mut s = toml::Table::new();
-        s.insert("a".into(), c.a.into());
-        s.insert("b".into(), c.b.into());
-        t.insert("calibration".into(), s.into());
-    }
-    let mut training = meta.training.clone();
-    training.insert("base".into(), meta.base.clone().into());
-    t.insert("training".into(), training.into());
-    let mut files = toml::Table::new();
-    files_of(dir, "", &mut files)?;
-    t.insert("files".into(), files.into());
-    let text = format!(
-        "# Written by `decide train`: fine-tuned from {}.\n{}",
-        meta.base,
-        toml::to_string(&t).map_err(|e| TrainError::BadData(e.to_string()))?
-    );
-    let path = dir.join("manifest.toml");
-    std::fs::write(&path, text).map_err(|e| TrainError::bad_file(&path, e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::ExampleSpool;
+    use decide_engine::Calibration;
 
     fn fixture() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../decide-engine/fixtures/tiny-bert-1")
@@ -1432,41 +892,6 @@ mod tests {
             .to_string();
         assert!(err.contains("classifier has 3 labels"), "{err}");
     }
-
-    #[test]
-    fn the_spool_reads_back_what_was_written_and_cleans_up() {
-        let path = std::env::temp_dir().join(format!("decide-spool-{}", std::process::id()));
-        let examples = vec![
-            Example {
-                query: "user: météo à Zürich ✓".into(),
-                positives: vec![3, 1],
-                candidates: vec![1, 3, 4, 6],
-            },
-            Example {
-                query: String::new(),
-                positives: vec![0],
-                candidates: Vec::new(),
-            },
-            Example {
-                query: "x\ny".into(),
-                positives: vec![7, 8, 9],
-                candidates: vec![9, 8, 7, 0],
-            },
-        ];
-        let mut spool = ExampleSpool::create(&path).unwrap();
-        for e in &examples {
-            spool.push(e).unwrap();
-        }
-        assert_eq!(ExampleSource::len(&spool), 3);
-        for i in [2, 0, 1, 2] {
-            assert_eq!(spool.example(i).unwrap(), examples[i]);
-        }
-        assert!(spool.example(3).is_err());
-        assert!(spool.push(&examples[0]).is_err(), "no writes once reading");
-        drop(spool);
-        assert!(!path.exists());
-    }
-
     #[test]
     fn training_from_the_spool_equals_training_from_memory() {
         let path = std::env::temp_dir().join(format!("decide-spool-eq-{}", std::process::id()));
@@ -1546,7 +971,10 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(j, text)| {
-                let row = t.single_row(&t.encode(text).unwrap(), false).unwrap();
+                let row = t
+                    .tokens
+                    .single_row(&t.tokens.encode(text).unwrap(), false)
+                    .unwrap();
                 (Text::Doc(j as u32), row)
             })
             .collect();

@@ -1,10 +1,12 @@
-//! Streaming chat models: tokens as they arrive, then the complete response.
+//! Streaming chat models: tokens as they arrive, then the complete response. Beside
+//! [`ChatModel`](crate::ChatModel), with the same request and response types.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use decide_chat::{ChatModelError, ChatRequest, ChatResponse};
 use futures_core::Stream;
+
+use crate::chat_model::{ChatModelError, ChatRequest, ChatResponse};
 
 /// One event of a streamed chat call.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,7 +24,7 @@ pub type ChatStream =
 
 /// A chat model that can stream its reply.
 ///
-/// Separate from [`ChatModel`](decide_chat::ChatModel) because decorators such as the model router are not
+/// Separate from [`ChatModel`](crate::ChatModel) because decorators such as the model router are not
 /// streaming: an agent streams only when it is given a streaming model.
 pub trait StreamingChatModel: Send + Sync {
     /// Streams the reply to `request`: [`ChatStreamEvent::Token`]s, then one [`ChatStreamEvent::Response`].
