@@ -8,8 +8,8 @@ use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use decide_engine::{trim_pair, trim_single};
-use tokenizers::{Encoding, PostProcessor, Tokenizer};
+use decide_engine::Tokenization;
+use tokenizers::{Encoding, Tokenizer};
 
 use crate::error::{Result, TrainError};
 
@@ -204,83 +204,43 @@ impl Rows {
 /// of each tool, and what [`Tokens::single_row`] and [`Tokens::pair_row`] finish.
 pub(crate) type Encoded = Encoding;
 
-/// The base model's tokenizer, reading texts as the engine reads them: tokenized without
-/// special tokens, trimmed to the longest input, then given the special tokens.
-pub(crate) struct Tokens {
-    tokenizer: Tokenizer,
-    path: PathBuf,
-    /// Special tokens the tokenizer adds to one text and to a pair.
-    specials: (usize, usize),
-    /// The longest input in tokens, special tokens included.
-    max_length: usize,
-}
-
-fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::bad_file(path, e)
-}
+/// The base model's tokenizer, reading texts through the engine's own [`Tokenization`], so a
+/// trained model sees exactly the rows it will be asked about: tokenized without special
+/// tokens, trimmed to the longest input, then given the special tokens.
+pub(crate) struct Tokens(Tokenization);
 
 impl Tokens {
     /// Loads the tokenizer file at `path` (a `tokenizer.json`), for inputs of at most
     /// `max_length` tokens.
     pub fn load(path: &Path, max_length: usize) -> Result<Self> {
-        let mut tokenizer = Tokenizer::from_file(path).map_err(|e| tokenizer_error(path, e))?;
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| tokenizer_error(path, e))?;
-        tokenizer.with_padding(None);
-        let specials = tokenizer
-            .get_post_processor()
-            .map(|p| (p.added_tokens(false), p.added_tokens(true)))
-            .unwrap_or((0, 0));
-        Ok(Self {
-            tokenizer,
-            path: path.to_path_buf(),
-            specials,
-            max_length,
-        })
+        Ok(Self(Tokenization::from_file(path, max_length)?))
     }
 
     /// The tokenizer in use.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.0.tokenizer()
     }
 
     /// `text` tokenized without special tokens.
     pub fn encode(&self, text: &str) -> Result<Encoded> {
-        self.tokenizer
-            .encode_fast(text, false)
-            .map_err(|e| tokenizer_error(&self.path, e))
-    }
-
-    fn finish(&self, first: Encoding, second: Option<Encoding>) -> Result<Row> {
-        let enc = self
-            .tokenizer
-            .post_process(first, second, true)
-            .map_err(|e| tokenizer_error(&self.path, e))?;
-        Ok((enc.get_ids().to_vec(), enc.get_type_ids().to_vec()))
+        Ok(self.0.encode(text)?)
     }
 
     /// One text as the engine's bi-encoder reads it: a query keeps its end (the latest
     /// turns), a tool its start.
     pub fn single_row(&self, enc: &Encoded, keep_end: bool) -> Result<Row> {
-        let mut enc = enc.clone();
-        trim_single(
-            &mut enc,
-            self.max_length.saturating_sub(self.specials.0),
-            keep_end,
-        );
-        self.finish(enc, None)
+        let row = if keep_end {
+            self.0.query_row(enc.clone())?
+        } else {
+            self.0.document_row(enc.clone())?
+        };
+        Ok((row.ids, row.type_ids))
     }
 
     /// A (query, tool) pair trimmed exactly as the engine's cross-encoder trims it.
     pub fn pair_row(&self, query: &Encoded, candidate: &Encoded) -> Result<Row> {
-        let (mut query, mut cand) = (query.clone(), candidate.clone());
-        trim_pair(
-            &mut query,
-            &mut cand,
-            self.max_length.saturating_sub(self.specials.1),
-        );
-        self.finish(query, Some(cand))
+        let row = self.0.pair_row(query.clone(), candidate.clone())?;
+        Ok((row.ids, row.type_ids))
     }
 }
 
