@@ -201,10 +201,7 @@ fn check_out(out: &Path) -> anyhow::Result<()> {
         .with_context(|| out.display().to_string())?
         .next()
         .is_none();
-    let trained = std::fs::read_to_string(out.join("manifest.toml"))
-        .map(|m| m.starts_with("# Written by `decide train`"))
-        .unwrap_or(false);
-    if !empty && !trained {
+    if !empty && !decide_train::written_by_train(out) {
         bail!(
             "--out {}: exists and is not a model written by decide train; give a new folder",
             out.display()

@@ -166,8 +166,19 @@ pub fn write_manifest(dir: &Path, meta: &ModelMeta) -> Result<()> {
         conformal: None,
         files: Manifest::hash_files(dir)?,
     };
-    let comment = format!("Written by `decide train`: fine-tuned from {}.", meta.base);
+    let comment = format!("{WRITTEN_BY}: fine-tuned from {}.", meta.base);
     Ok(manifest.write_to(dir, &comment)?)
+}
+
+/// How the manifest of every folder `decide train` writes begins (after `# `).
+const WRITTEN_BY: &str = "Written by `decide train`";
+
+/// Whether `dir` holds a model folder `decide train` wrote (its manifest says so on its first
+/// line): the only kind of existing folder a new run may write over.
+pub fn written_by_train(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("manifest.toml"))
+        .map(|m| m.starts_with(&format!("# {WRITTEN_BY}")))
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -51,5 +51,5 @@ pub use config::{Hyper, TrainHead};
 pub use data::{Example, ExampleSource, ExampleSpool, TrainData};
 pub use decide_engine::registry::file_sha256;
 pub use error::{Result, TrainError};
-pub use export::{write_manifest, ModelMeta};
+pub use export::{write_manifest, written_by_train, ModelMeta};
 pub use trainer::{StepReport, Trainer};
