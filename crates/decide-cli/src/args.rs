@@ -36,7 +36,7 @@ pub struct Global {
     #[arg(long, global = true, value_name = "W")]
     pub lexical_weight: Option<f64>,
     /// A second model (typically a cross-encoder) that rescores the --rerank-top most probable
-    /// tools of --model: a cascade.
+    /// tools of --model: a cascade. For `decide serve`, the model of the rerank endpoints.
     #[arg(long, global = true, value_name = "MODEL")]
     pub rerank: Option<String>,
     /// How many tools the --rerank model rescores.
@@ -116,7 +116,7 @@ pub enum Command {
     Models(ModelsArgs),
     /// Measure scoring throughput over batch sizes × sequence lengths, and decision latency.
     Bench(BenchArgs),
-    /// Serve the OpenAI Decisions and System One APIs, /v1/select and /v1/route over HTTP, batching across requests.
+    /// Serve the OpenAI Decisions and System One APIs, /v1/select, /v1/route, embeddings, rerank and a playground over HTTP, batching across requests.
     Serve(ServeArgs),
     /// Chat with an LLM in the terminal, the local model choosing each call's tools (--filter) and model (--routes).
     Chat(ChatArgs),

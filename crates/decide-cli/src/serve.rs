@@ -1,5 +1,6 @@
-//! `decide serve`: the OpenAI Decisions and System One APIs, `/v1/select` and `/v1/route`
-//! over the local engine, until SIGTERM or Ctrl-C; requests in flight are finished first.
+//! `decide serve`: the OpenAI Decisions and System One APIs, `/v1/select` and `/v1/route`,
+//! embeddings, reranking and the playground over the local engine, until SIGTERM or Ctrl-C;
+//! requests in flight are finished first.
 
 use std::time::Duration;
 
@@ -36,6 +37,21 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         },
     };
     let engine = global.engine(false)?;
+    // With --rerank, the rerank endpoints score with that model (a cross-encoder) instead of the
+    // model's cosines.
+    let reranker = match &global.rerank {
+        Some(name) => {
+            let mut other = global.clone();
+            other.model = name.clone();
+            other.lexical_weight = None;
+            Some(
+                other
+                    .engine(true)
+                    .map_err(|e| anyhow::anyhow!("--rerank {name}: {e}"))?,
+            )
+        }
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -57,10 +73,16 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         };
         let name = engine.info().name.clone();
         let device = engine.info().device.clone();
-        let state = AppState::new(engine, config)?;
+        let reranking = match &reranker {
+            Some(r) => format!(", reranking with {}", r.info().name),
+            None => String::new(),
+        };
+        let state = AppState::with_reranker(engine, reranker, config)?;
         // The address goes to stderr, with the model, so a script (or a test) that binds
         // port 0 can read where the server is.
-        eprintln!("decide serve: {name} on {device}, {batching}, listening on http://{local}");
+        eprintln!(
+            "decide serve: {name} on {device}, {batching}{reranking}, listening on http://{local}"
+        );
         decide_server::serve(listener, state, shutdown()).await?;
         eprintln!("decide serve: stopped");
         Ok(())

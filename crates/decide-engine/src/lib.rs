@@ -99,7 +99,7 @@ pub use lexical::{Bm25Model, BM25_MODEL_NAME};
 pub use pull::pull;
 pub use registry::{Build, HeadName, Manifest, ModelLocation, Scoring, BASE_MODEL, DEFAULT_MODEL};
 pub use scoring::decision::StagedDecision;
-pub use scoring::staged::EncodedRow;
+pub use scoring::staged::{EmbeddingRow, EncodedRow, StagedScores};
 pub use scoring::{
     Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_CAPACITY,
     DEFAULT_MAX_BATCH_TOKENS,

@@ -136,6 +136,14 @@ impl Tokenization {
         self.document_row(self.encode(text)?)
     }
 
+    /// A document alone, as [`encode_document`](Self::encode_document) reads it, and whether
+    /// trimming cut it (the text had more tokens than the row holds).
+    pub fn encode_document_checked(&self, text: &str) -> Result<(TokenRow, bool)> {
+        let enc = self.encode(text)?;
+        let cut = enc.len() > self.max_length.saturating_sub(self.specials.0);
+        Ok((self.document_row(enc)?, cut))
+    }
+
     /// A (query, document) pair as a cross-encoder reads it, trimmed by [`trim_pair`].
     pub fn encode_pair(&self, query: &str, document: &str) -> Result<TokenRow> {
         self.pair_row(self.encode(query)?, self.encode(document)?)

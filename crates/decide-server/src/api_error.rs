@@ -9,7 +9,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use decide_chat::ParseError;
 use decide_contract::DecisionError;
+use decide_engine::EngineError;
 use decide_http::{openai, systemone, WireError};
+use serde_json::json;
 
 use crate::batcher::BatchedEngine;
 
@@ -20,6 +22,8 @@ pub(crate) enum Format {
     OpenAi,
     /// `{"error": {"type", "message", "field"}}`.
     SystemOne,
+    /// text-embeddings-inference's `{"error", "error_type"}`, for `/embed` and `/rerank`.
+    Tei,
 }
 
 impl Format {
@@ -27,6 +31,8 @@ impl Format {
     pub(crate) fn of_path(path: &str) -> Self {
         if path.starts_with("/v1/systemone") {
             Self::SystemOne
+        } else if path == "/embed" || path == "/rerank" {
+            Self::Tei
         } else {
             Self::OpenAi
         }
@@ -59,6 +65,26 @@ impl ApiError {
         match error {
             DecisionError::InvalidRequest(m) => Self::BadRequest(WireError::body(m)),
             DecisionError::UnsupportedFeature(m) => Self::Unprocessable(m),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+
+    /// text-embeddings-inference's name for the error (its `ErrorType`, plus `Unauthorized`,
+    /// for which it has none).
+    fn tei_type(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) | Self::TooLarge(_) | Self::Unprocessable(_) => "Validation",
+            Self::Unauthorized => "Unauthorized",
+            Self::Overloaded(_) => "Overloaded",
+            Self::Timeout(_) | Self::Internal(_) => "Backend",
+        }
+    }
+
+    /// An engine error outside a decision: asking a model for what its head cannot do (embeddings
+    /// of a cross-encoder) is a 422, anything else a 500.
+    pub(crate) fn from_engine(error: EngineError) -> Self {
+        match error {
+            EngineError::WrongHead { .. } => Self::Unprocessable(error.to_string()),
             other => Self::Internal(other.to_string()),
         }
     }
@@ -112,6 +138,7 @@ impl ApiError {
         let body = match format {
             Format::OpenAi => openai::error_body(kind, &message, field.as_deref(), None),
             Format::SystemOne => systemone::error_body(kind, &message, field.as_deref()),
+            Format::Tei => json!({"error": message, "error_type": self.tei_type()}),
         };
         let mut response = (status, Json(body)).into_response();
         if let Self::Overloaded(secs) = self {
@@ -159,5 +186,21 @@ impl<E: Into<ApiError>> From<E> for SystemOneError {
 impl IntoResponse for SystemOneError {
     fn into_response(self) -> Response {
         self.0.into_response_as(Format::SystemOne)
+    }
+}
+
+/// An [`ApiError`] answered in text-embeddings-inference's shape.
+#[derive(Debug)]
+pub(crate) struct TeiError(ApiError);
+
+impl<E: Into<ApiError>> From<E> for TeiError {
+    fn from(error: E) -> Self {
+        Self(error.into())
+    }
+}
+
+impl IntoResponse for TeiError {
+    fn into_response(self) -> Response {
+        self.0.into_response_as(Format::Tei)
     }
 }

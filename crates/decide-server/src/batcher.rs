@@ -219,6 +219,18 @@ impl BatchedEngine {
         &self.engine
     }
 
+    /// Runs `rows` through the model in the queue, with other requests' rows: one output per
+    /// row, in order. A full queue fails with a [`DecisionError::Model`] wrapping [`Overloaded`].
+    pub async fn forward(&self, rows: Vec<EncodedRow>) -> Result<Vec<Vec<f32>>, DecisionError> {
+        let rx = self
+            .batcher
+            .submit(rows)
+            .map_err(DecisionError::from_model_error)?;
+        rx.await
+            .map_err(|_| queue_error("the inference thread stopped".into()))?
+            .map_err(queue_error)
+    }
+
     /// Whether `error` says the queue was full.
     pub fn is_overloaded(error: &DecisionError) -> bool {
         matches!(error, DecisionError::Model(e) if e.downcast_ref::<Overloaded>().is_some())
@@ -248,14 +260,7 @@ impl DecisionModel for BatchedEngine {
             let mut staged = tokio::task::spawn_blocking(move || engine.stage_decision(&request))
                 .await
                 .map_err(|e| queue_error(e.to_string()))??;
-            let rx = this
-                .batcher
-                .submit(staged.take_rows())
-                .map_err(DecisionError::from_model_error)?;
-            let outputs = rx
-                .await
-                .map_err(|_| queue_error("the inference thread stopped".into()))?
-                .map_err(queue_error)?;
+            let outputs = this.forward(staged.take_rows()).await?;
             staged.finish(outputs)
         })
     }

@@ -10,17 +10,26 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::api_error::{ApiError, Format};
+use crate::playground;
 use crate::AppState;
 
-/// The paths metrics are kept for; any other is counted as `other`.
-const ENDPOINTS: [&str; 7] = [
+/// The paths metrics are kept for; any other is counted as `other`, but the playground's
+/// examples, counted under their folder.
+const ENDPOINTS: [&str; 14] = [
     "/v1/decisions",
     "/v1/systemone",
     "/v1/select",
     "/v1/route",
+    "/v1/embeddings",
+    "/embed",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
     "/v1/models",
     "/health",
     "/metrics",
+    "/",
+    playground::EXAMPLES_PATH,
 ];
 
 /// Keys are compared over their SHA-256, so that neither their bytes nor their length leak
@@ -34,15 +43,24 @@ pub(crate) fn digest(key: &str) -> [u8; 32] {
 pub(crate) async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     // Known paths only, so that a scan of random URLs cannot grow the metrics without bound.
+    let path = request.uri().path();
     let endpoint = ENDPOINTS
         .iter()
-        .find(|e| **e == request.uri().path())
+        .find(|e| **e == path)
         .copied()
+        .or_else(|| {
+            path.starts_with(playground::EXAMPLES_PATH)
+                .then_some(playground::EXAMPLES_PATH)
+        })
         .unwrap_or("other");
     let format = Format::of_path(request.uri().path());
     let authorized = match &state.inner.key_digest {
         None => true,
-        Some(_) if request.uri().path() == "/health" => true,
+        Some(_)
+            if request.uri().path() == "/health" || playground::is_public(request.uri().path()) =>
+        {
+            true
+        }
         Some(expected) => request
             .headers()
             .get(header::AUTHORIZATION)

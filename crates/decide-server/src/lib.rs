@@ -55,10 +55,13 @@
 mod api_error;
 mod batcher;
 mod decisions;
+mod embeddings;
 mod error;
 mod guard;
 mod limits;
 mod metrics;
+mod playground;
+mod rerank;
 mod status;
 mod tasks;
 
@@ -115,6 +118,9 @@ pub struct AppState {
 
 struct Shared {
     model: BatchedEngine,
+    /// The cross-encoder `/rerank` and `/v1/rerank` use, behind a queue of its own, when one
+    /// is loaded; otherwise they take the model's cosines.
+    reranker: Option<BatchedEngine>,
     metrics: Arc<Metrics>,
     config: ServerConfig,
     model_name: String,
@@ -126,20 +132,35 @@ struct Shared {
 impl AppState {
     /// Starts the batching queue over `engine`.
     pub fn new(engine: Engine, config: ServerConfig) -> Result<Self, ServerError> {
+        Self::with_reranker(engine, None, config)
+    }
+
+    /// Starts the batching queue over `engine`, and one over `reranker` (a cross-encoder for
+    /// the rerank endpoints) when there is one.
+    pub fn with_reranker(
+        engine: Engine,
+        reranker: Option<Engine>,
+        config: ServerConfig,
+    ) -> Result<Self, ServerError> {
         let metrics = Arc::new(Metrics::new());
-        let batcher = Batcher::start(
-            engine.clone(),
-            BatchConfig {
-                max_batch_tokens: engine.max_batch_tokens(),
-                max_batch_requests: config.max_batch_requests,
-                queue_capacity: config.max_concurrent_requests,
-            },
-            metrics.clone(),
-        )?;
+        let queue = |engine: Engine| -> Result<BatchedEngine, ServerError> {
+            let batcher = Batcher::start(
+                engine.clone(),
+                BatchConfig {
+                    max_batch_tokens: engine.max_batch_tokens(),
+                    max_batch_requests: config.max_batch_requests,
+                    queue_capacity: config.max_concurrent_requests,
+                },
+                metrics.clone(),
+            )?;
+            Ok(BatchedEngine::new(engine, Arc::new(batcher)))
+        };
+        let reranker = reranker.map(&queue).transpose()?;
         Ok(Self {
             inner: Arc::new(Shared {
                 model_name: engine.info().name.clone(),
-                model: BatchedEngine::new(engine, Arc::new(batcher)),
+                model: queue(engine)?,
+                reranker,
                 metrics,
                 key_digest: config.api_key.as_deref().map(guard::digest),
                 permits: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
@@ -165,6 +186,9 @@ pub fn router(state: AppState) -> axum::Router {
         .merge(decisions::router())
         .merge(tasks::router())
         .merge(status::router())
+        .merge(embeddings::router())
+        .merge(rerank::router())
+        .merge(playground::router())
         .layer(limits::body_limit(&state))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -18,6 +18,7 @@ use crate::error::{EngineError, Result};
 use crate::lexical::RecentIndexes;
 use crate::registry::HeadName;
 use crate::tokenize::{TokenRow, Tokenization};
+use staged::EncodedRow;
 
 mod builder;
 mod cache;
@@ -152,14 +153,12 @@ impl Engine {
     /// Sentence embeddings of `texts`, as sentence-transformers computes them (inputs longer
     /// than the model's length lose their end). Bi-encoders only.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
-        if self.inner.info.head != HeadName::BiEncoder {
-            return Err(self.wrong_head("embeddings need a bi-encoder"));
-        }
-        let rows = texts
-            .iter()
-            .map(|t| self.inner.tokens.encode_document(t))
-            .collect::<Result<Vec<_>>>()?;
-        self.run(&rows)
+        let rows: Vec<EncodedRow> = self
+            .stage_embeddings(texts)?
+            .into_iter()
+            .map(|e| e.row)
+            .collect();
+        self.forward_rows(&rows)
     }
 
     /// The classifier's logits for each (query, document) pair. Cross-encoders only.

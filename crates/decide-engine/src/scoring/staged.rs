@@ -58,8 +58,17 @@ enum Finish {
     },
 }
 
-/// The candidates of one query, tokenized and waiting for the model.
-pub(crate) struct StagedScores {
+/// One text to embed, tokenized as [`Engine::embed`] reads it; see [`Engine::stage_embeddings`].
+pub struct EmbeddingRow {
+    /// The row for the model; its output is the text's embedding.
+    pub row: EncodedRow,
+    /// Whether the text was longer than the model reads and lost its end.
+    pub truncated: bool,
+}
+
+/// The candidates of one query, tokenized and waiting for the model; see
+/// [`Engine::stage_scores`].
+pub struct StagedScores {
     rows: Vec<EncodedRow>,
     expected: usize,
     tokens: usize,
@@ -68,12 +77,13 @@ pub(crate) struct StagedScores {
 
 impl StagedScores {
     /// The rows still held (all of them until [`take_rows`](Self::take_rows)).
-    pub(crate) fn rows(&self) -> &[EncodedRow] {
+    pub fn rows(&self) -> &[EncodedRow] {
         &self.rows
     }
 
-    /// Takes the rows out, to run them elsewhere; the outputs go back in the same order.
-    pub(crate) fn take_rows(&mut self) -> Vec<EncodedRow> {
+    /// Takes the rows out, to run them elsewhere; the outputs go back to
+    /// [`Engine::finish_scores`] in the same order.
+    pub fn take_rows(&mut self) -> Vec<EncodedRow> {
         std::mem::take(&mut self.rows)
     }
 }
@@ -102,6 +112,31 @@ impl Engine {
             }
             _ => self.stage_query(&full, candidates),
         }
+    }
+
+    /// Stages the texts of [`embed`](Self::embed) without running the model: one row per text,
+    /// whose output ([`forward_rows`](Self::forward_rows)) is its embedding. Bi-encoders only.
+    pub fn stage_embeddings(&self, texts: &[&str]) -> Result<Vec<EmbeddingRow>> {
+        if self.inner.info.head != HeadName::BiEncoder {
+            return Err(self.wrong_head("embeddings need a bi-encoder"));
+        }
+        texts
+            .iter()
+            .map(|t| {
+                let (row, truncated) = self.inner.tokens.encode_document_checked(t)?;
+                Ok(EmbeddingRow {
+                    row: EncodedRow(row),
+                    truncated,
+                })
+            })
+            .collect()
+    }
+
+    /// Stages [`score`](Self::score) without running the model: run the rows
+    /// ([`StagedScores::take_rows`]) through [`forward_rows`](Self::forward_rows), alone or
+    /// with other requests' rows, then [`finish_scores`](Self::finish_scores).
+    pub fn stage_scores(&self, query: &str, candidates: &[&str]) -> Result<StagedScores> {
+        self.stage_query(query, candidates)
     }
 
     /// Stages the scoring of `candidates` against one query, as [`score`](Self::score) does.
@@ -180,11 +215,7 @@ impl Engine {
 
     /// Turns the outputs of a staged scoring's rows (in the order they were staged) into
     /// scores, and caches a bi-encoder's fresh candidate embeddings.
-    pub(crate) fn finish_scores(
-        &self,
-        staged: StagedScores,
-        outputs: Vec<Vec<f32>>,
-    ) -> Result<Scores> {
+    pub fn finish_scores(&self, staged: StagedScores, outputs: Vec<Vec<f32>>) -> Result<Scores> {
         if outputs.len() != staged.expected {
             return Err(EngineError::Tokenizer(format!(
                 "{} outputs for {} staged rows",
