@@ -70,14 +70,27 @@ impl Server {
 
 /// A bare HTTP/1.1 GET: the status line and the body.
 fn get(base: &str, path: &str) -> (String, String) {
+    http(base, "GET", path, "")
+}
+
+/// A bare HTTP/1.1 request (with a JSON body unless it is empty): the status line and the body.
+fn http(base: &str, method: &str, path: &str, body: &str) -> (String, String) {
     let host = base.trim_start_matches("http://");
     let mut stream = TcpStream::connect(host).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
+    let headers = if body.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        )
+    };
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n{body}"
     )
     .unwrap();
     let mut response = String::new();
@@ -282,4 +295,193 @@ fn sigterm_finishes_the_request_in_flight() {
     assert!(status.success(), "{status}");
     // New connections are refused once it has stopped.
     assert!(TcpStream::connect(&host).is_err());
+}
+
+/// The Chromium to drive: `$DECIDE_CHROMIUM`, else `chromium` on the PATH (Debian's package).
+fn chromium() -> Option<String> {
+    let candidates = std::env::var("DECIDE_CHROMIUM")
+        .ok()
+        .into_iter()
+        .chain(["chromium".to_string(), "chromium-browser".to_string()]);
+    candidates.into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// Runs headless Chromium on `url` with `args`, killed if it takes longer than two minutes;
+/// its standard output.
+fn headless(chromium: &str, profile: &std::path::Path, args: &[&str], url: &str) -> String {
+    let mut child = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--window-size=1280,1000",
+            // Virtual time runs the page's script, its fetches included, before the DOM is read.
+            "--virtual-time-budget=60000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        out
+    });
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("chromium did not finish in two minutes");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    reader.join().unwrap()
+}
+
+/// The values of `attribute` on the elements of `html` that have it, in document order.
+fn attributes<'a>(html: &'a str, attribute: &str) -> Vec<&'a str> {
+    let key = format!("{attribute}=\"");
+    html.split(key.as_str())
+        .skip(1)
+        .map(|rest| &rest[..rest.find('"').unwrap_or(0)])
+        .collect()
+}
+
+#[test]
+fn the_playground_decides_the_example_in_headless_chromium() {
+    let Some(chromium) = chromium() else {
+        assert!(
+            std::env::var("DECIDE_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
+            "DECIDE_REQUIRE_CHROMIUM=1 but no chromium (apt-get install chromium, or set DECIDE_CHROMIUM)"
+        );
+        eprintln!("skipped: no chromium (apt-get install chromium, or set DECIDE_CHROMIUM)");
+        return;
+    };
+    let mut server = Server::start(&[]);
+    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let profile = tmp.join(format!("chromium-profile-{}", std::process::id()));
+    // `?example&run`: the page loads the shipped example into its fields and decides.
+    let url = format!("{}/?example&run", server.base);
+    let dom = headless(&chromium, &profile, &["--dump-dom"], &url);
+    assert!(
+        dom.contains("data-state=\"done\""),
+        "the page did not finish: {dom}"
+    );
+
+    // What the server answers for the same request: the page must show it.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(root.join("examples").join(name)).unwrap())
+            .unwrap()
+    };
+    let body = serde_json::json!({
+        "messages": read("conversation.json"),
+        "tools": read("tools.json")["tools"],
+        "target_recall": 0.9,
+    });
+    let (status, answer) = http(&server.base, "POST", "/v1/select", &body.to_string());
+    assert!(status.contains("200"), "{status}: {answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let selected: Vec<&str> = answer["selected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+
+    let (tools, route) = dom
+        .split_once("id=\"route-scores\"")
+        .expect("the route's bars");
+    let chips: Vec<&str> = tools
+        .split("<span class=\"chip\">")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('<').unwrap()])
+        .collect();
+    assert_eq!(chips, selected, "the selected set as the server answers it");
+    // As the README says: the tool called earlier, the alerts, and the email the user asks for.
+    assert_eq!(chips, ["get_forecast", "get_alerts", "send_email"]);
+    let names = attributes(tools, "data-name");
+    assert_eq!(names.len(), 27, "a bar for every tool");
+    let probabilities = attributes(tools, "data-probability");
+    // The tool passed without asking comes first, then the most probable one.
+    assert_eq!(names[0], "get_forecast");
+    assert_eq!(
+        probabilities[0], "",
+        "passed without asking: no probability"
+    );
+    assert_eq!(names[1], "send_email", "the top tool");
+    assert!(tools.contains("passed without asking: the conversation already called it"));
+    let route_name = dom
+        .split("id=\"route\" class=\"route\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .expect("a route");
+    let (status, routed) = http(
+        &server.base,
+        "POST",
+        "/v1/route",
+        &serde_json::json!({
+            "messages": read("conversation.json"),
+            "routes": read("routes.json")["routes"],
+            "default": read("routes.json")["default"],
+        })
+        .to_string(),
+    );
+    assert!(status.contains("200"), "{status}: {routed}");
+    let routed: serde_json::Value = serde_json::from_str(&routed).unwrap();
+    assert_eq!(route_name, routed["route"].as_str().unwrap());
+    assert_eq!(attributes(route, "data-name").len(), 3, "a bar per route");
+    assert!(dom.contains("curl -s"), "the equivalent curl call");
+
+    // A screenshot for a person to look at.
+    let shot = tmp.join("playground.png");
+    let _ = std::fs::remove_file(&shot);
+    headless(
+        &chromium,
+        &profile,
+        &[&format!("--screenshot={}", shot.display())],
+        &url,
+    );
+    let png = std::fs::read(&shot).expect("chromium wrote the screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    eprintln!("screenshot: {}", shot.display());
+
+    // An error the server gives shows next to the field it names.
+    let (status, refused) = http(
+        &server.base,
+        "POST",
+        "/v1/select",
+        &serde_json::json!({"text": "hi", "tools": read("tools.json")["tools"], "target_recall": 1.5})
+            .to_string(),
+    );
+    assert!(status.contains("400"), "{status}: {refused}");
+    let refused: serde_json::Value = serde_json::from_str(&refused).unwrap();
+    let message = refused["error"]["message"].as_str().unwrap();
+    let dom = headless(
+        &chromium,
+        &profile,
+        &["--dump-dom"],
+        &format!("{}/?example&threshold=1.5&run", server.base),
+    );
+    assert!(dom.contains("data-state=\"error\""), "{dom}");
+    let shown = dom
+        .split("id=\"threshold-error\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_default();
+    assert_eq!(shown, message, "the server's message next to the threshold");
+    let _ = std::fs::remove_dir_all(&profile);
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status}: {rest}");
 }

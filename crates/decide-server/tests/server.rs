@@ -1091,3 +1091,296 @@ fn the_queue_keeps_batches_under_its_token_budget() {
         metrics.batches()
     );
 }
+
+/// The largest difference between a vector of the answer and one of the engine.
+fn max_diff(got: &Value, expected: &[f32]) -> f64 {
+    let got = got.as_array().unwrap();
+    assert_eq!(got.len(), expected.len());
+    got.iter()
+        .zip(expected)
+        .map(|(g, e)| (g.as_f64().unwrap() - *e as f64).abs())
+        .fold(0.0, f64::max)
+}
+
+const DOCS: [&str; 3] = [
+    "Current weather and forecast for a city",
+    "Send an email to a contact",
+    "Create an invoice for a customer",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tei_embed_and_rerank_answer_like_the_engine() {
+    let app = app();
+    let expected = engine().embed(&DOCS).unwrap();
+    let (status, got) = post(&app, "/embed", json!({"inputs": DOCS})).await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    for (i, e) in expected.iter().enumerate() {
+        let d = max_diff(&got[i], e);
+        assert!(d <= 1e-5, "/embed {i}: {d}");
+    }
+    // One string is one embedding in a list, as text-embeddings-inference answers.
+    let (status, got) = post(
+        &app,
+        "/embed",
+        json!({"inputs": DOCS[1], "normalize": false}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(got.as_array().unwrap().len(), 1);
+    assert!(max_diff(&got[0], &expected[1]) <= 1e-5);
+
+    // Without a cross-encoder, the model's cosines, and their calibrated probabilities.
+    let query = "Will it rain in Oslo tomorrow?";
+    let raw = engine().score(query, &DOCS).unwrap().raw;
+    let calibration = engine().calibration().unwrap();
+    let mut order: Vec<usize> = (0..DOCS.len()).collect();
+    order.sort_by(|a, b| raw[*b].total_cmp(&raw[*a]));
+    let (status, got) = post(
+        &app,
+        "/rerank",
+        json!({"query": query, "texts": DOCS, "raw_scores": true, "return_text": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    for (r, i) in got.as_array().unwrap().iter().zip(&order) {
+        assert_eq!(r["index"], *i, "{got}");
+        assert!(close(r["score"].as_f64().unwrap(), raw[*i]), "{got}");
+        assert_eq!(r["text"], DOCS[*i]);
+    }
+    assert_eq!(order[0], 0, "the weather tool ranks first: {got}");
+    let (status, got) = post(
+        &app,
+        "/v1/rerank",
+        json!({"model": engine().info().name, "query": query, "documents": DOCS, "top_n": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(got["model"], engine().info().name.as_str());
+    assert_eq!(got["scored_by"], "bi-encoder cosine");
+    let results = got["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for (r, i) in results.iter().zip(&order) {
+        assert_eq!(r["index"], *i);
+        assert!(close(
+            r["relevance_score"].as_f64().unwrap(),
+            calibration.probability(raw[*i])
+        ));
+        assert!(r.get("document").is_none(), "return_documents is off");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_embeddings_share_the_queue_with_unchanged_vectors() {
+    let (app, state) = app_with(ServerConfig::default());
+    let expected = engine().embed(&DOCS).unwrap();
+    let before = state.metrics().batches();
+    let calls = (0..12).map(|i| {
+        let app = app.clone();
+        async move {
+            let text = DOCS[i % DOCS.len()];
+            let (status, got) = post(&app, "/v1/embeddings", json!({"input": text})).await;
+            (i, status, got)
+        }
+    });
+    for (i, status, got) in futures_join(calls).await {
+        assert_eq!(status, StatusCode::OK, "{got}");
+        let d = max_diff(&got["data"][0]["embedding"], &expected[i % DOCS.len()]);
+        assert!(d <= 1e-5, "request {i}: {d}");
+    }
+    assert!(
+        state.metrics().batches() > before,
+        "the rows went through the queue"
+    );
+}
+
+/// Runs the futures concurrently on the runtime and collects their outputs in order.
+async fn futures_join<F: std::future::Future + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_and_rerank_refuse_bad_bodies_naming_the_field() {
+    let app = app();
+    let long = "lorem ipsum dolor ".repeat(400);
+    // OpenAI's shape.
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({"input": [1, 2, 3]}), "input[0]"),
+        (json!({"input": ["ok", ""]}), "input[1]"),
+        (json!({"input": {"text": "x"}}), "input"),
+        (json!({"input": long}), "input"),
+        (
+            json!({"input": "x", "model": "text-embedding-3-small"}),
+            "model",
+        ),
+        (
+            json!({"input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+        (json!({"input": "x", "dimensions": 8}), "dimensions"),
+        (json!({"input": "x", "inputs": "y"}), "inputs"),
+        (
+            json!({"query": "q", "documents": ["a"], "max_tokens_per_doc": 10}),
+            "max_tokens_per_doc",
+        ),
+        (
+            json!({"query": "q", "documents": ["a"], "top_n": 0}),
+            "top_n",
+        ),
+        (
+            json!({"query": "q", "documents": [{"title": "a"}]}),
+            "documents[0]",
+        ),
+        (json!({"query": "q", "documents": []}), "documents"),
+    ] {
+        let path = if body.get("query").is_some() {
+            "/v1/rerank"
+        } else {
+            "/v1/embeddings"
+        };
+        let (status, got) = post(&app, path, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {got}");
+        assert_eq!(got["error"]["param"], param, "{body}: {got}");
+        assert_eq!(got["error"]["type"], "invalid_request_error");
+    }
+    // text-embeddings-inference's shape: {"error", "error_type"}.
+    for (path, body, start) in [
+        ("/embed", json!({"inputs": long}), "inputs: longer than"),
+        (
+            "/embed",
+            json!({"inputs": "x", "prompt_name": "query"}),
+            "prompt_name:",
+        ),
+        (
+            "/embed",
+            json!({"inputs": "x", "truncation_direction": "Left"}),
+            "truncation_direction:",
+        ),
+        (
+            "/rerank",
+            json!({"query": "", "texts": ["a"]}),
+            "query: empty",
+        ),
+        (
+            "/rerank",
+            json!({"query": "q", "text": ["a"]}),
+            "text: unknown field",
+        ),
+    ] {
+        let (status, got) = post(&app, path, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {got}");
+        assert_eq!(got["error_type"], "Validation", "{got}");
+        assert!(
+            got["error"].as_str().unwrap().starts_with(start),
+            "{body}: {got}"
+        );
+    }
+    // `truncate` lets a long text lose its end, as the engine embeds it.
+    let (status, got) = post(&app, "/embed", json!({"inputs": long, "truncate": true})).await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let expected = engine().embed(&[long.as_str()]).unwrap();
+    assert!(max_diff(&got[0], &expected[0]) <= 1e-5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_endpoints_need_the_key_but_the_playground_does_not_and_metrics_count_them() {
+    let (app, state) = app_with(ServerConfig {
+        api_key: Some("s3cret".into()),
+        ..ServerConfig::default()
+    });
+    let body = json!({"inputs": "hello"}).to_string();
+    let (status, _, bytes) = call(&app, "POST", "/embed", Some(body.clone()), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let got: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(got["error_type"], "Unauthorized", "TEI shape: {got}");
+    let (status, _, _) = call(&app, "POST", "/embed", Some(body), Some("s3cret")).await;
+    assert_eq!(status, StatusCode::OK);
+    let rerank = json!({"query": "rain?", "documents": DOCS}).to_string();
+    for path in ["/v1/rerank", "/v2/rerank"] {
+        let (status, _, _) = call(&app, "POST", path, Some(rerank.clone()), None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, _, _) = call(&app, "POST", path, Some(rerank.clone()), Some("s3cret")).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    let (status, headers, bytes) = call(&app, "GET", "/", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = String::from_utf8(bytes).unwrap();
+    assert!(
+        page.contains("decide playground")
+            && !page.contains("http://")
+            && !page.contains("https://"),
+        "one self-contained page"
+    );
+    let (status, _, bytes) =
+        call(&app, "GET", "/playground/examples/routes.json", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        bytes,
+        std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/routes.json"
+        ))
+        .unwrap()
+    );
+    let (status, _, bytes) =
+        call(&app, "GET", "/playground/examples/secrets.json", None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(String::from_utf8_lossy(&bytes).contains("tools.json"));
+
+    let text = state.metrics().render();
+    for line in [
+        "decide_requests_total{endpoint=\"/embed\",status=\"200\"} 1",
+        "decide_requests_total{endpoint=\"/embed\",status=\"401\"} 1",
+        "decide_requests_total{endpoint=\"/v1/rerank\",status=\"200\"} 1",
+        "decide_requests_total{endpoint=\"/v2/rerank\",status=\"401\"} 1",
+        "decide_requests_total{endpoint=\"/\",status=\"200\"} 1",
+        "decide_requests_total{endpoint=\"/playground/examples\",status=\"200\"} 1",
+        "decide_requests_total{endpoint=\"/playground/examples\",status=\"404\"} 1",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_encoder_model_reranks_and_refuses_embeddings() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../decide-engine/fixtures/tiny-bert-1"
+    );
+    let cross = Engine::builder().model(fixture).build().unwrap();
+    let state = AppState::new(cross.clone(), ServerConfig::default()).unwrap();
+    let app = router(state);
+    let (status, got) = post(&app, "/v1/embeddings", json!({"input": "hello"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{got}");
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bi-encoder"),
+        "{got}"
+    );
+    let (status, got) = post(&app, "/rerank", json!({"query": "rain?", "texts": DOCS})).await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let pairs: Vec<(&str, &str)> = DOCS.iter().map(|d| ("rain?", *d)).collect();
+    let logits = cross.classify_pairs(&pairs).unwrap();
+    for r in got.as_array().unwrap() {
+        let i = r["index"].as_u64().unwrap() as usize;
+        let p = decide_engine::sigmoid(logits[i][0] as f64);
+        assert!((r["score"].as_f64().unwrap() - p).abs() <= 1e-5, "{got}");
+    }
+}
