@@ -173,34 +173,46 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// An [`ApiError`] answered in System One's shape.
+/// A wire format whose error shape a [`Shaped`] error takes.
+pub(crate) trait Shape {
+    /// The format.
+    const FORMAT: Format;
+}
+
+/// System One's shape.
 #[derive(Debug)]
-pub(crate) struct SystemOneError(ApiError);
+pub(crate) struct SystemOneShape;
 
-impl<E: Into<ApiError>> From<E> for SystemOneError {
+impl Shape for SystemOneShape {
+    const FORMAT: Format = Format::SystemOne;
+}
+
+/// text-embeddings-inference's shape.
+#[derive(Debug)]
+pub(crate) struct TeiShape;
+
+impl Shape for TeiShape {
+    const FORMAT: Format = Format::Tei;
+}
+
+/// An [`ApiError`] answered in the shape of `S`'s format.
+#[derive(Debug)]
+pub(crate) struct Shaped<S>(ApiError, std::marker::PhantomData<S>);
+
+impl<S, E: Into<ApiError>> From<E> for Shaped<S> {
     fn from(error: E) -> Self {
-        Self(error.into())
+        Self(error.into(), std::marker::PhantomData)
     }
 }
 
-impl IntoResponse for SystemOneError {
+impl<S: Shape> IntoResponse for Shaped<S> {
     fn into_response(self) -> Response {
-        self.0.into_response_as(Format::SystemOne)
+        self.0.into_response_as(S::FORMAT)
     }
 }
+
+/// An [`ApiError`] answered in System One's shape.
+pub(crate) type SystemOneError = Shaped<SystemOneShape>;
 
 /// An [`ApiError`] answered in text-embeddings-inference's shape.
-#[derive(Debug)]
-pub(crate) struct TeiError(ApiError);
-
-impl<E: Into<ApiError>> From<E> for TeiError {
-    fn from(error: E) -> Self {
-        Self(error.into())
-    }
-}
-
-impl IntoResponse for TeiError {
-    fn into_response(self) -> Response {
-        self.0.into_response_as(Format::Tei)
-    }
-}
+pub(crate) type TeiError = Shaped<TeiShape>;

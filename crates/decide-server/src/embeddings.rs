@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
+use decide_chat::error::type_name;
 use decide_engine::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -52,7 +53,7 @@ pub(crate) fn texts(field: &str, value: Value) -> Result<Vec<(String, String)>, 
                 field,
                 format!(
                     "expected a string or an array of strings, got {}",
-                    kind(&other)
+                    type_name(&other)
                 ),
             ))
         }
@@ -68,21 +69,10 @@ pub(crate) fn texts(field: &str, value: Value) -> Result<Vec<(String, String)>, 
             )),
             other => Err(ApiError::bad(
                 path,
-                format!("expected a string, got {}", kind(&other)),
+                format!("expected a string, got {}", type_name(&other)),
             )),
         })
         .collect()
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Embeddings of some texts and the tokens the model read for them.

@@ -11,6 +11,11 @@
 //! | `POST /v1/systemone` | the System One API ([`decide_http::systemone`]) |
 //! | `POST /v1/select` | which tools a conversation needs (`decide select --json`) |
 //! | `POST /v1/route` | which route a conversation takes (`decide route --json`) |
+//! | `POST /v1/embeddings` | OpenAI embeddings of the loaded bi-encoder |
+//! | `POST /embed` | text-embeddings-inference's embeddings |
+//! | `POST /rerank` | text-embeddings-inference's rerank |
+//! | `POST /v1/rerank`, `/v2/rerank` | Cohere's (and Jina's) rerank |
+//! | `GET /` | the playground page |
 //! | `GET /v1/models` | the loaded model |
 //! | `GET /health` | liveness, open without an API key |
 //! | `GET /metrics` | Prometheus text: requests, latency, batch sizes, queue depth |
@@ -43,9 +48,11 @@
 //!   from the queue before it costs a forward pass.
 //! * Every malformed body gets a `400` naming the field, in the error shape of the format it
 //!   came in (`{"error": {"message", "type", "param", "code"}}` for OpenAI and our own
-//!   endpoints, `{"error": {"type", "message", "field"}}` for System One).
-//! * With an API key, every endpoint but `/health` needs `Authorization: Bearer KEY`; keys are
-//!   compared in constant time (over their SHA-256, so the length does not leak either).
+//!   endpoints, `{"error": {"type", "message", "field"}}` for System One, `{"error",
+//!   "error_type"}` for text-embeddings-inference's `/embed` and `/rerank`).
+//! * With an API key, every endpoint but `/health` and the playground page needs
+//!   `Authorization: Bearer KEY`; keys are compared in constant time (over their SHA-256, so
+//!   the length does not leak either).
 //! * The request input is never logged: only endpoint, status and latency are.
 //!
 //! [`serve`] runs the router until a shutdown future completes, then finishes the requests in

@@ -37,6 +37,35 @@ fn python(check: &str) -> Option<PathBuf> {
     })
 }
 
+/// The python with `packages` (module, PyPI name, version), or `None` after saying the test is
+/// skipped; a failure instead when the environment variable `require` is `1`.
+fn python_with(require: &str, packages: &[(&str, &str, &str)]) -> Option<PathBuf> {
+    let modules: Vec<&str> = packages.iter().map(|p| p.0).collect();
+    let versions: Vec<String> = packages
+        .iter()
+        .map(|(m, _, v)| format!("{m}.__version__ == '{v}'"))
+        .collect();
+    let check = format!(
+        "import sys, {}; sys.exit(not ({}))",
+        modules.join(", "),
+        versions.join(" and ")
+    );
+    let found = python(&check);
+    if found.is_none() {
+        let pins: Vec<String> = packages
+            .iter()
+            .map(|(_, n, v)| format!("{n}=={v}"))
+            .collect();
+        let pins = pins.join(" ");
+        assert!(
+            std::env::var(require).as_deref() != Ok("1"),
+            "{require}=1 but no python with {pins} (pip install {pins})"
+        );
+        eprintln!("skipped: no python with {pins} (pip install {pins})");
+    }
+    found
+}
+
 /// Runs `script` against a server over `state` on a free port, and reads what it prints.
 fn run_against(python: &PathBuf, state: AppState, script: &str, args: &[&str]) -> Value {
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -138,13 +167,8 @@ fn check(got: &Value, expected: &DecisionResponse, backend: &str) {
 
 #[test]
 fn pydecide_backends_get_the_embedded_engines_answers() {
-    let Some(python) = python("import decide, sys; sys.exit(decide.__version__ != '0.2.19')")
-    else {
-        assert!(
-            std::env::var("DECIDE_REQUIRE_PYDECIDE").as_deref() != Ok("1"),
-            "DECIDE_REQUIRE_PYDECIDE=1 but no python with pydecide 0.2.19 (pip install pydecide==0.2.19)"
-        );
-        eprintln!("skipped: no python with pydecide 0.2.19 (pip install pydecide==0.2.19)");
+    let pydecide = [("decide", "pydecide", "0.2.19")];
+    let Some(python) = python_with("DECIDE_REQUIRE_PYDECIDE", &pydecide) else {
         return;
     };
     let engine = Engine::builder().build().expect("run models/fetch first");
@@ -185,14 +209,11 @@ fn floats(v: &Value) -> Vec<f64> {
 
 #[test]
 fn openai_and_cohere_sdks_get_the_engines_embeddings_and_scores() {
-    let Some(python) = python(
-        "import openai, cohere, sys; sys.exit((openai.__version__, cohere.__version__) != ('3.57.0', '7.3.1'))",
-    ) else {
-        assert!(
-            std::env::var("DECIDE_REQUIRE_PY_CLIENTS").as_deref() != Ok("1"),
-            "DECIDE_REQUIRE_PY_CLIENTS=1 but no python with openai 3.57.0 and cohere 7.3.1"
-        );
-        eprintln!("skipped: no python with openai 3.57.0 and cohere 7.3.1 (pip install openai==3.57.0 cohere==7.3.1)");
+    let clients = [
+        ("openai", "openai", "3.57.0"),
+        ("cohere", "cohere", "7.3.1"),
+    ];
+    let Some(python) = python_with("DECIDE_REQUIRE_PY_CLIENTS", &clients) else {
         return;
     };
     let engine = Engine::builder().build().expect("run models/fetch first");
