@@ -358,6 +358,14 @@ fn attributes<'a>(html: &'a str, attribute: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The names of the selected tools the page shows, in order.
+fn chips(html: &str) -> Vec<&str> {
+    html.split("<span class=\"chip\">")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('<').unwrap_or(0)])
+        .collect()
+}
+
 #[test]
 fn the_playground_decides_the_example_in_headless_chromium() {
     let Some(chromium) = chromium() else {
@@ -369,89 +377,128 @@ fn the_playground_decides_the_example_in_headless_chromium() {
         return;
     };
     let mut server = Server::start(&[]);
+    let base = server.base.clone();
     let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let profile = tmp.join(format!("chromium-profile-{}", std::process::id()));
-    // `?example&run`: the page loads the shipped example into its fields and decides.
-    let url = format!("{}/?example&run", server.base);
-    let dom = headless(&chromium, &profile, &["--dump-dom"], &url);
-    assert!(
-        dom.contains("data-state=\"done\""),
-        "the page did not finish: {dom}"
-    );
-
-    // What the server answers for the same request: the page must show it.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let read = |name: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(root.join("examples").join(name)).unwrap())
             .unwrap()
     };
-    let body = serde_json::json!({
-        "messages": read("conversation.json"),
-        "tools": read("tools.json")["tools"],
-        "target_recall": 0.9,
-    });
-    let (status, answer) = http(&server.base, "POST", "/v1/select", &body.to_string());
-    assert!(status.contains("200"), "{status}: {answer}");
-    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
-    let selected = answer["selected"].as_array().unwrap();
+    // What the server answers to a body, and the page's DOM once its script has run.
+    let post = |path: &str, body: serde_json::Value| -> (String, serde_json::Value) {
+        let (status, text) = http(&base, "POST", path, &body.to_string());
+        let value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{status}: {text}"));
+        (status, value)
+    };
+    let page = |query: &str| {
+        headless(
+            &chromium,
+            &profile,
+            &["--dump-dom"],
+            &format!("{base}/?{query}"),
+        )
+    };
+    let names = |answer: &serde_json::Value| -> Vec<String> {
+        let selected = answer["selected"].as_array().unwrap();
+        selected.iter().map(|s| s["name"].to_string()).collect()
+    };
+    let quoted =
+        |chips: Vec<&str>| -> Vec<String> { chips.iter().map(|c| format!("{c:?}")).collect() };
 
+    // `?example&run`: the page loads the shipped example into its fields and decides.
+    let dom = page("example&run");
+    assert!(
+        dom.contains("data-state=\"done\""),
+        "the page did not finish: {dom}"
+    );
+    let (status, answer) = post(
+        "/v1/select",
+        serde_json::json!({
+            "messages": read("conversation.json"),
+            "tools": read("tools.json")["tools"],
+            "target_recall": 0.9,
+        }),
+    );
+    assert!(status.contains("200"), "{status}: {answer}");
     let (tools, route) = dom
         .split_once("id=\"route-scores\"")
         .expect("the route's bars");
-    let chips: Vec<&str> = tools
-        .split("<span class=\"chip\">")
-        .skip(1)
-        .map(|rest| &rest[..rest.find('<').unwrap()])
-        .collect();
+    let shown = chips(tools);
     assert_eq!(
-        chips.len(),
-        selected.len(),
-        "the selected set as the server answers it"
+        quoted(shown.clone()),
+        names(&answer),
+        "the server's selection"
     );
-    for (chip, s) in chips.iter().zip(selected) {
-        assert_eq!(
-            s["name"], *chip,
-            "the selected set as the server answers it"
-        );
-    }
     // As the README says: the tool called earlier, the alerts, and the email the user asks for.
-    assert_eq!(chips, ["get_forecast", "get_alerts", "send_email"]);
-    let names = attributes(tools, "data-name");
-    assert_eq!(names.len(), 27, "a bar for every tool");
+    assert_eq!(shown, ["get_forecast", "get_alerts", "send_email"]);
+    let bars = attributes(tools, "data-name");
+    assert_eq!(bars.len(), 27, "a bar for every tool");
     let probabilities = attributes(tools, "data-probability");
     // The tool passed without asking comes first, then the most probable one.
-    assert_eq!(names[0], "get_forecast");
+    assert_eq!(bars[0], "get_forecast");
     assert_eq!(
         probabilities[0], "",
         "passed without asking: no probability"
     );
-    assert_eq!(names[1], "send_email", "the top tool");
+    assert_eq!(bars[1], "send_email", "the top tool");
     assert!(tools.contains("passed without asking: the conversation already called it"));
     let route_name = dom
         .split("id=\"route\" class=\"route\">")
         .nth(1)
         .and_then(|rest| rest.split('<').next())
         .expect("a route");
-    let (status, routed) = http(
-        &server.base,
-        "POST",
+    let routes = read("routes.json");
+    let (status, routed) = post(
         "/v1/route",
-        &serde_json::json!({
+        serde_json::json!({
             "messages": read("conversation.json"),
-            "routes": read("routes.json")["routes"],
-            "default": read("routes.json")["default"],
-        })
-        .to_string(),
+            "routes": routes["routes"],
+            "default": routes["default"],
+        }),
     );
     assert!(status.contains("200"), "{status}: {routed}");
-    let routed: serde_json::Value = serde_json::from_str(&routed).unwrap();
     assert_eq!(route_name, routed["route"].as_str().unwrap());
     assert_eq!(attributes(route, "data-name").len(), 3, "a bar per route");
     assert!(dom.contains("curl -s"), "the equivalent curl call");
 
+    // The example's tools in OpenAI's shape: the page shows what the server answers for them.
+    let (status, answer) = post(
+        "/v1/select",
+        serde_json::json!({
+            "messages": read("conversation.json"),
+            "tools": read("tools-openai.json"),
+            "target_recall": 0.9,
+        }),
+    );
+    assert!(status.contains("200"), "{status}: {answer}");
+    let dom = page("example&tools=openai&run");
+    assert!(dom.contains("data-state=\"done\""), "{dom}");
+    assert_eq!(quoted(chips(&dom)), names(&answer));
+
+    // An error the server gives shows next to the field it names.
+    let (status, refused) = post(
+        "/v1/select",
+        serde_json::json!({"text": "hi", "tools": read("tools.json")["tools"], "target_recall": 1.5}),
+    );
+    assert!(status.contains("400"), "{status}: {refused}");
+    let dom = page("example&threshold=1.5&run");
+    assert!(dom.contains("data-state=\"error\""), "{dom}");
+    let shown = dom
+        .split("id=\"threshold-error\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_default();
+    assert_eq!(
+        shown,
+        refused["error"]["message"].as_str().unwrap(),
+        "the server's message next to the threshold"
+    );
+
     // A screenshot for a person to look at.
     let shot = tmp.join("playground.png");
     let _ = std::fs::remove_file(&shot);
+    let url = format!("{base}/?example&run");
     headless(
         &chromium,
         &profile,
@@ -461,32 +508,8 @@ fn the_playground_decides_the_example_in_headless_chromium() {
     let png = std::fs::read(&shot).expect("chromium wrote the screenshot");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     eprintln!("screenshot: {}", shot.display());
-
-    // An error the server gives shows next to the field it names.
-    let (status, refused) = http(
-        &server.base,
-        "POST",
-        "/v1/select",
-        &serde_json::json!({"text": "hi", "tools": read("tools.json")["tools"], "target_recall": 1.5})
-            .to_string(),
-    );
-    assert!(status.contains("400"), "{status}: {refused}");
-    let refused: serde_json::Value = serde_json::from_str(&refused).unwrap();
-    let message = refused["error"]["message"].as_str().unwrap();
-    let dom = headless(
-        &chromium,
-        &profile,
-        &["--dump-dom"],
-        &format!("{}/?example&threshold=1.5&run", server.base),
-    );
-    assert!(dom.contains("data-state=\"error\""), "{dom}");
-    let shown = dom
-        .split("id=\"threshold-error\">")
-        .nth(1)
-        .and_then(|rest| rest.split('<').next())
-        .unwrap_or_default();
-    assert_eq!(shown, message, "the server's message next to the threshold");
     let _ = std::fs::remove_dir_all(&profile);
+
     let (status, rest) = server.stop();
     assert!(status.success(), "{status}: {rest}");
 }
