@@ -13,8 +13,9 @@ use crate::api_error::{ApiError, Format};
 use crate::AppState;
 
 /// The paths metrics are kept for; any other is counted as `other`.
-const ENDPOINTS: [&str; 7] = [
+const ENDPOINTS: [&str; 8] = [
     "/v1/decisions",
+    "/v1/tool_search",
     "/v1/systemone",
     "/v1/select",
     "/v1/route",

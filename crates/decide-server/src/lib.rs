@@ -11,6 +11,7 @@
 //! | `POST /v1/systemone` | the System One API ([`decide_http::systemone`]) |
 //! | `POST /v1/select` | which tools a conversation needs (`decide select --json`) |
 //! | `POST /v1/route` | which route a conversation takes (`decide route --json`) |
+//! | `POST /v1/tool_search` | the providers' client-executed tool search, answered in their shape |
 //! | `GET /v1/models` | the loaded model |
 //! | `GET /health` | liveness, open without an API key |
 //! | `GET /metrics` | Prometheus text: requests, latency, batch sizes, queue depth |
@@ -61,6 +62,7 @@ mod limits;
 mod metrics;
 mod status;
 mod tasks;
+mod tool_search;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -164,6 +166,7 @@ pub fn router(state: AppState) -> axum::Router {
     axum::Router::new()
         .merge(decisions::router())
         .merge(tasks::router())
+        .merge(tool_search::router())
         .merge(status::router())
         .layer(limits::body_limit(&state))
         .layer(axum::middleware::from_fn_with_state(

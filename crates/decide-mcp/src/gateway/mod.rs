@@ -17,9 +17,9 @@ mod upstream;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use decide_chat::{ChatMessage, StaticToolProvider, ToolSpecification, UserMessage};
+use decide_chat::{ChatMessage, ToolSpecification, UserMessage};
 use decide_contract::{Conformal, DecisionModel};
-use decide_filter::{provider_request, Fallback, FilterError, FilteringToolProvider, Reason};
+use decide_filter::{provider_request, ranked, search_filter, FilterError};
 use rmcp::model::Tool;
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
@@ -205,26 +205,22 @@ impl Gateway {
                 spec
             })
             .collect();
-        let mut builder = FilteringToolProvider::builder()
-            .tool_provider(Arc::new(StaticToolProvider::from_specifications(
-                specifications,
-            )))
-            .decision_model(Arc::clone(&self.options.decision_model))
-            .max_results(max_results.unwrap_or(self.options.max_results))
-            .fallback(Fallback::Fail);
-        // A search ranks: without a target recall every tool is a candidate and the best `max_results` come
-        // back, however low the model puts them (it is calibrated for a conversation's needs, and a bare
-        // query reads as less certain).
-        match target_recall.or(self.options.target_recall) {
-            Some(recall) => {
-                let table = self.options.conformal.as_ref().ok_or_else(|| {
+        let recall = match target_recall.or(self.options.target_recall) {
+            None => None,
+            Some(r) => Some((
+                r,
+                self.options.conformal.as_ref().ok_or_else(|| {
                     "target_recall: the decision model has no conformal table".to_owned()
-                })?;
-                builder = builder.target_recall(recall, table);
-            }
-            None => builder = builder.min_probability(0.0),
-        }
-        let filter = builder.build().map_err(|e| match e {
+                })?,
+            )),
+        };
+        let filter = search_filter(
+            specifications,
+            Arc::clone(&self.options.decision_model),
+            max_results.unwrap_or(self.options.max_results),
+            recall,
+        )
+        .map_err(|e| match e {
             FilterError::InvalidConfig { option, message } => format!("{option}: {message}"),
             other => other.to_string(),
         })?;
@@ -234,16 +230,13 @@ impl Gateway {
             .await
             .map_err(|e| format!("the search failed: {e}"))?
             .map_err(|e| format!("the decision model failed: {e}"))?;
-        let mut tools: Vec<(Tool, f64)> = selection
-            .decisions
-            .iter()
-            .filter(|d| d.passed && d.reason == Reason::Asked)
-            .filter_map(|d| {
-                let entry = catalogue.iter().find(|e| e.tool.name == d.name)?;
-                Some((entry.tool.clone(), d.probability.unwrap_or(0.0)))
+        let tools: Vec<(Tool, f64)> = ranked(&selection)
+            .into_iter()
+            .filter_map(|(name, probability)| {
+                let entry = catalogue.iter().find(|e| e.tool.name == name)?;
+                Some((entry.tool.clone(), probability))
             })
             .collect();
-        tools.sort_by(|a, b| b.1.total_cmp(&a.1));
         Ok(Found { tools })
     }
 
