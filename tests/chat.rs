@@ -459,6 +459,7 @@ fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp
     let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
         .current_dir(root())
         .args(["mcp", "--http", "127.0.0.1:0", "--config", &config])
+        .args(["--api-key", "s3cret"])
         .env_remove("DECIDE_MODEL")
         .env_remove("DECIDE_API_KEY")
         .stdin(Stdio::null())
@@ -479,7 +480,7 @@ fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp
         }
     };
     assert!(url.ends_with("/mcp"), "{line}");
-    let seen = run_mcp_client(&python, &["http", &url, &pidfile]);
+    let seen = run_mcp_client(&python, &["http", &url, &pidfile, "s3cret"]);
     eprintln!("{seen}");
     child.kill().unwrap();
     child.wait().unwrap();

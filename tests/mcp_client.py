@@ -1,7 +1,7 @@
 """Drives `decide mcp` with the official MCP Python SDK (`mcp` from PyPI), as an MCP client nobody here wrote.
 
     mcp_client.py stdio DECIDE_BINARY CONFIG PIDFILE   # starts `decide mcp --expose found --config CONFIG` itself
-    mcp_client.py http URL PIDFILE                     # talks to a running `decide mcp --http` (--expose search)
+    mcp_client.py http URL PIDFILE API_KEY             # talks to a running `decide mcp --http --api-key API_KEY`
     mcp_client.py upstream                             # a tiny stdio MCP server with a tool named like one of
                                                        # server-everything's, for the name clash
 
@@ -173,8 +173,17 @@ async def main():
             async with ClientSession(read, write, message_handler=on_message) as session:
                 seen = await exercise(session, True, pidfile, changed)
     else:
-        url, pidfile = sys.argv[2:4]
-        async with streamable_http_client(url) as streams:
+        import httpx2
+
+        url, pidfile, key = sys.argv[2:5]
+        # Without the key the endpoint refuses the request before any MCP is read.
+        async with httpx2.AsyncClient() as bare:
+            refused = await bare.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                                      headers={"accept": "application/json, text/event-stream"})
+            assert refused.status_code == 401, refused
+        client = httpx2.AsyncClient(headers={"authorization": f"Bearer {key}"},
+                                    timeout=httpx2.Timeout(60.0, read=300.0))
+        async with client, streamable_http_client(url, http_client=client) as streams:
             read, write = streams[0], streams[1]
             async with ClientSession(read, write, message_handler=on_message) as session:
                 seen = await exercise(session, False, pidfile, changed)
