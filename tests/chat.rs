@@ -355,35 +355,12 @@ fn server_memory() -> Option<PathBuf> {
     None
 }
 
-/// A Python with the official MCP SDK (`mcp` from PyPI, which `.ci/run` installs into
-/// `target/pydecide-venv`): `$DECIDE_PYTHON`, then that venv, then `.venv`.
+/// A Python with the official MCP SDK (`mcp` from PyPI).
 fn mcp_python() -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = std::env::var_os("DECIDE_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([
-            root().join("target/pydecide-venv/bin/python"),
-            root().join(".venv/bin/python"),
-        ])
-        .collect();
-    for python in candidates {
-        let imports = Command::new(&python)
-            .args(["-c", "import mcp.client.stdio, mcp.client.streamable_http"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if imports {
-            return Some(python);
-        }
-    }
-    let message = "no Python with the MCP SDK (pip install mcp==2.3.0)";
-    assert!(
-        std::env::var_os("DECIDE_REQUIRE_MCP").is_none(),
-        "{message}"
-    );
-    eprintln!("skipped: {message}");
-    None
+    common::python_with(
+        "mcp.client.stdio, mcp.client.streamable_http",
+        "pip install mcp==2.3.0",
+    )
 }
 
 /// The upstreams of `decide mcp` in the `mcpServers` shape MCP clients use: server-everything (through `sh`, which
@@ -407,19 +384,7 @@ fn gateway_upstreams(dir: &Path, python: &Path) -> Option<(String, String)> {
 }
 
 fn run_mcp_client(python: &Path, args: &[&str]) -> Value {
-    let output = Command::new(python)
-        .arg(root().join("tests/mcp_client.py"))
-        .args(args)
-        .current_dir(root())
-        .env_remove("DECIDE_MODEL")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
+    let stdout = common::run_python(python, "tests/mcp_client.py", args);
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 

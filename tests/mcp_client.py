@@ -3,7 +3,8 @@
     mcp_client.py stdio DECIDE_BINARY CONFIG PIDFILE   # starts `decide mcp --expose found --config CONFIG` itself
     mcp_client.py http URL PIDFILE API_KEY             # talks to a running `decide mcp --http --api-key API_KEY`
     mcp_client.py upstream                             # a tiny stdio MCP server with a tool named like one of
-                                                       # server-everything's, for the name clash
+                                                       # server-everything's (the name clash) and one that
+                                                       # never answers (decide-mcp's hanging-upstream test)
 
 The upstreams (CONFIG) are the npm servers @modelcontextprotocol/server-everything (started through `sh`, which
 writes its pid to PIDFILE so that it can be killed mid-session) and @modelcontextprotocol/server-memory, and the
@@ -17,13 +18,11 @@ import signal
 import sys
 import time
 
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 
 
 def upstream():
-    """A minimal MCP server over stdio: one tool, `echo`, whose name server-everything has too."""
+    """A minimal MCP server over stdio (plain Python, no SDK): `echo`, whose name server-everything has too, and
+    `hang`, which never answers."""
     for line in sys.stdin:
         message = json.loads(line)
         method = message.get("method")
@@ -34,7 +33,10 @@ def upstream():
                       "serverInfo": {"name": "tiny", "version": "1"}}
         elif method == "tools/list":
             result = {"tools": [{"name": "echo", "description": "Repeats a word backwards",
-                                 "inputSchema": {"type": "object", "properties": {"word": {"type": "string"}}}}]}
+                                 "inputSchema": {"type": "object", "properties": {"word": {"type": "string"}}}},
+                                {"name": "hang", "description": "Never answers", "inputSchema": {"type": "object"}}]}
+        elif method == "tools/call" and message["params"]["name"] == "hang":
+            continue
         elif method == "tools/call":
             word = message["params"].get("arguments", {}).get("word", "")
             result = {"content": [{"type": "text", "text": word[::-1]}]}
@@ -157,6 +159,10 @@ async def exercise(session, found_mode, pidfile, changed):
 
 
 async def main():
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+
     mode = sys.argv[1]
     changed = []
 

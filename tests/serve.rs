@@ -11,6 +11,8 @@ use decide_contract::{ChoiceQuestion, DecisionModel, DecisionRequest, YesNoQuest
 use decide_engine::Engine;
 use decide_http::{HttpDecisionModel, WireFormat};
 
+mod common;
+
 struct Server {
     child: Child,
     base: String,
@@ -284,59 +286,23 @@ fn sigterm_finishes_the_request_in_flight() {
     assert!(TcpStream::connect(&host).is_err());
 }
 
-/// A Python with OpenAI's and Anthropic's SDKs (`openai`, `anthropic` from PyPI, which `.ci/run` installs into
-/// `target/pydecide-venv`): `$DECIDE_PYTHON`, then that venv, then `.venv`.
-fn provider_sdk_python() -> Option<std::path::PathBuf> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let candidates: Vec<std::path::PathBuf> = std::env::var_os("DECIDE_PYTHON")
-        .map(Into::into)
-        .into_iter()
-        .chain([
-            root.join("target/pydecide-venv/bin/python"),
-            root.join(".venv/bin/python"),
-        ])
-        .collect();
-    for python in candidates {
-        let imports = Command::new(&python)
-            .args(["-c", "import openai.types.responses, anthropic.types"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if imports {
-            return Some(python);
-        }
-    }
-    let message = "no Python with the openai and anthropic SDKs (pip install openai==3.57.0 anthropic==2.14.0)";
-    assert!(
-        std::env::var_os("DECIDE_REQUIRE_MCP").is_none(),
-        "{message}"
-    );
-    eprintln!("skipped: {message}");
-    None
-}
-
 /// `/v1/tool_search` answers OpenAI's client-executed `tool_search_call` with a `tool_search_output` item and
 /// Anthropic's custom search `tool_use` with a `tool_result` of `tool_reference` blocks, over the example catalogue;
 /// `tests/tool_search_check.py` validates both calls and answers with the providers' SDK types.
 #[test]
 fn serve_answers_the_providers_client_executed_tool_search_in_their_sdk_types() {
-    let Some(python) = provider_sdk_python() else {
+    let Some(python) = common::python_with(
+        "openai.types.responses, anthropic.types",
+        "pip install openai==3.57.0 anthropic==2.14.0",
+    ) else {
         return;
     };
     let mut server = Server::start(&[]);
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let output = Command::new(&python)
-        .arg(root.join("tests/tool_search_check.py"))
-        .arg(&server.base)
-        .arg(root.join("examples/tools.json"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout: {stdout}\nstderr: {stderr}"
+    let tools = common::root().join("examples/tools.json");
+    let stdout = common::run_python(
+        &python,
+        "tests/tool_search_check.py",
+        &[&server.base, tools.to_str().unwrap()],
     );
     eprintln!("{stdout}");
     server.stop();

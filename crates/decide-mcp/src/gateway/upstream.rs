@@ -195,59 +195,46 @@ impl Upstream {
 mod tests {
     use super::*;
 
-    /// A stdio server whose `hang` tool never answers and whose `ok` tool does.
-    const HANGING_SERVER: &str = r#"
-import json, sys
-for line in sys.stdin:
-    message = json.loads(line)
-    method = message.get("method")
-    if "id" not in message:
-        continue
-    if method == "initialize":
-        result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                  "serverInfo": {"name": "hanging", "version": "1"}}
-    elif method == "tools/list":
-        result = {"tools": [{"name": "hang", "inputSchema": {"type": "object"}},
-                            {"name": "ok", "inputSchema": {"type": "object"}}]}
-    elif message["params"]["name"] == "hang":
-        continue
-    else:
-        result = {"content": [{"type": "text", "text": "fine"}]}
-    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
-"#;
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_hanging_upstream_fails_the_call_naming_it_and_is_restarted_after_the_backoff() {
         let spec = ServerSpec::Stdio {
+            // The small server of the end-to-end tests, whose `hang` tool never answers.
             command: "python3".into(),
-            args: vec!["-c".into(), HANGING_SERVER.into()],
+            args: vec![
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/mcp_client.py").into(),
+                "upstream".into(),
+            ],
             env: Default::default(),
             cwd: None,
         };
         let options = McpOptions::default().with_timeout(Duration::from_secs(2));
         let upstream = Upstream::start(None, spec, options).await.unwrap();
-        assert_eq!(upstream.name, "hanging");
+        assert_eq!(upstream.name, "tiny");
         let context = InvocationContext::new();
         let Err(CallError::Down(message)) = upstream.call("hang", None, &context).await else {
             panic!("a hanging call returned");
         };
         assert!(
             message.starts_with(
-                "upstream hanging: MCP server hanging: no answer to tools/call hang within 2s"
+                "upstream tiny: MCP server tiny: no answer to tools/call hang within 2s"
             ),
             "{message}"
         );
         // Down until the backoff has passed: the error says so, and the tools stay listed.
-        let Err(CallError::Down(message)) = upstream.call("ok", None, &context).await else {
+        let Err(CallError::Down(message)) = upstream.call("echo", None, &context).await else {
             panic!("called a dropped session");
         };
-        assert!(message.starts_with("upstream hanging is down"), "{message}");
+        assert!(message.starts_with("upstream tiny is down"), "{message}");
         assert_eq!(upstream.tools().await.len(), 2);
         tokio::time::sleep(FIRST_BACKOFF).await;
-        let Ok(result) = upstream.call("ok", None, &context).await else {
+        let word = serde_json::json!({"word": "stressed"});
+        let Ok(result) = upstream
+            .call("echo", word.as_object().cloned(), &context)
+            .await
+        else {
             panic!("not restarted");
         };
-        assert_eq!(crate::result_text(&result), "fine");
+        assert_eq!(crate::result_text(&result), "desserts");
     }
 
     #[test]
