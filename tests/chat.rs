@@ -338,3 +338,152 @@ fn chat_filter_sends_the_sum_tool_of_a_real_mcp_server() {
     assert!(first.len() <= 4, "{first:?}");
     assert!(stdout.contains("-> The sum of 19 and 23 is 42"), "{stdout}");
 }
+
+/// `@modelcontextprotocol/server-memory` from npm, installed beside server-everything.
+fn server_memory() -> Option<PathBuf> {
+    let script = root()
+        .join("target/mcp-servers/node_modules/@modelcontextprotocol/server-memory/dist/index.js");
+    if script.exists() {
+        return Some(script);
+    }
+    let message = format!("MCP server-memory is not installed at {}", script.display());
+    assert!(
+        std::env::var_os("DECIDE_REQUIRE_MCP").is_none(),
+        "{message}"
+    );
+    eprintln!("skipped: {message}");
+    None
+}
+
+/// A Python with the official MCP SDK (`mcp` from PyPI).
+fn mcp_python() -> Option<PathBuf> {
+    common::python_with(
+        "mcp.client.stdio, mcp.client.streamable_http",
+        "pip install mcp==2.3.0",
+    )
+}
+
+/// The upstreams of `decide mcp` in the `mcpServers` shape MCP clients use: server-everything (through `sh`, which
+/// writes its pid so the client can kill it), server-memory on a scratch file, and the tiny server of
+/// `tests/mcp_client.py` whose `echo` clashes with server-everything's. The config file and the pid file.
+fn gateway_upstreams(dir: &Path, python: &Path) -> Option<(String, String)> {
+    let everything = server_everything()?;
+    let memory = server_memory()?;
+    let pidfile = dir.join("everything.pid");
+    let config = json!({"mcpServers": {
+        "everything": {"command": "sh", "args": ["-c", format!("echo $$ > {}; exec {everything}", pidfile.display())]},
+        "memory": {"command": "node", "args": [memory], "env": {"MEMORY_FILE_PATH": dir.join("memory.jsonl")}},
+        "tiny": {"command": python, "args": [root().join("tests/mcp_client.py"), "upstream"]},
+    }});
+    let path = dir.join("mcp.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    Some((
+        path.to_string_lossy().into_owned(),
+        pidfile.to_string_lossy().into_owned(),
+    ))
+}
+
+fn run_mcp_client(python: &Path, args: &[&str]) -> Value {
+    let stdout = common::run_python(python, "tests/mcp_client.py", args);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The official MCP Python SDK starts `decide mcp --expose found` over stdio in front of two npm servers (and a
+/// tiny one): `search_tools` finds the sum tool for "add two numbers", the list grows (with
+/// `notifications/tools/list_changed`), calls go through with their results and structured content unchanged, a
+/// tool error comes back marked `isError`, clashing names get the server's prefix, and a killed upstream fails
+/// the next call naming it, then is restarted. The assertions are in `tests/mcp_client.py`.
+#[test]
+fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp_over_stdio() {
+    let Some(python) = mcp_python() else { return };
+    let dir = temp_dir("mcp-stdio");
+    let Some((config, pidfile)) = gateway_upstreams(&dir, &python) else {
+        return;
+    };
+    let seen = run_mcp_client(
+        &python,
+        &["stdio", env!("CARGO_BIN_EXE_decide"), &config, &pidfile],
+    );
+    eprintln!("{seen}");
+    assert!(
+        seen["killed"].as_str().unwrap().contains("everything"),
+        "{seen}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The same client over streamable HTTP, against `decide mcp --http` (with an API key) in its default mode:
+/// `tools/list` holds `search_tools` and `call_tool`, and found tools are called through `call_tool`.
+#[test]
+fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp_over_http() {
+    let Some(python) = mcp_python() else { return };
+    let dir = temp_dir("mcp-http");
+    let Some((config, pidfile)) = gateway_upstreams(&dir, &python) else {
+        return;
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
+        .current_dir(root())
+        .args(["mcp", "--http", "127.0.0.1:0", "--config", &config])
+        .args(["--api-key", "s3cret"])
+        .env_remove("DECIDE_MODEL")
+        .env_remove("DECIDE_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("decide mcp ended before listening");
+        }
+        if let Some(at) = line.find("listening on ") {
+            break line[at + "listening on ".len()..].trim().to_owned();
+        }
+    };
+    assert!(url.ends_with("/mcp"), "{line}");
+    let seen = run_mcp_client(&python, &["http", &url, &pidfile, "s3cret"]);
+    eprintln!("{seen}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn mcp_options_are_checked_with_a_one_line_error() {
+    let dir = temp_dir("mcp-options");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_decide"))
+            .current_dir(root())
+            .arg("mcp")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let check = |output: Output, needle: &str| {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(needle), "{stderr:?} lacks {needle:?}");
+    };
+    check(run(&[]), "--mcp: no upstream server");
+    let config = dir.join("bad.json");
+    std::fs::write(&config, r#"{"mcpServers": {"x": {"comand": "node"}}}"#).unwrap();
+    check(
+        run(&["--config", config.to_str().unwrap()]),
+        "bad.json: mcpServers.x.comand: unknown field",
+    );
+    check(
+        run(&["--mcp", "node x.js", "--target-recall", "1.5"]),
+        "--target-recall: 1.5",
+    );
+    check(
+        run(&["--mcp", "/nonexistent/mcp-server"]),
+        "MCP server /nonexistent/mcp-server: cannot connect",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -11,6 +11,8 @@ use decide_contract::{ChoiceQuestion, DecisionModel, DecisionRequest, YesNoQuest
 use decide_engine::Engine;
 use decide_http::{HttpDecisionModel, WireFormat};
 
+mod common;
+
 struct Server {
     child: Child,
     base: String,
@@ -512,4 +514,26 @@ fn the_playground_decides_the_example_in_headless_chromium() {
 
     let (status, rest) = server.stop();
     assert!(status.success(), "{status}: {rest}");
+}
+
+/// `/v1/tool_search` answers OpenAI's client-executed `tool_search_call` with a `tool_search_output` item and
+/// Anthropic's custom search `tool_use` with a `tool_result` of `tool_reference` blocks, over the example catalogue;
+/// `tests/tool_search_check.py` validates both calls and answers with the providers' SDK types.
+#[test]
+fn serve_answers_the_providers_client_executed_tool_search_in_their_sdk_types() {
+    let Some(python) = common::python_with(
+        "openai.types.responses, anthropic.types",
+        "pip install openai==3.57.0 anthropic==2.14.0",
+    ) else {
+        return;
+    };
+    let mut server = Server::start(&[]);
+    let tools = common::root().join("examples/tools.json");
+    let stdout = common::run_python(
+        &python,
+        "tests/tool_search_check.py",
+        &[&server.base, tools.to_str().unwrap()],
+    );
+    eprintln!("{stdout}");
+    server.stop();
 }

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // Each test binary uses its own part of this.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// The repository root, where the tests run the binary (models/ and examples/ are there).
 pub fn root() -> PathBuf {
@@ -66,4 +66,52 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// A Python that can `import` `modules` (packages `.ci/run` installs into `target/pydecide-venv`):
+/// `$DECIDE_PYTHON`, then that venv, then `.venv`. `None` (the test says it was skipped) when none
+/// can, unless `DECIDE_REQUIRE_MCP` is set; `install` says what to install.
+pub fn python_with(modules: &str, install: &str) -> Option<PathBuf> {
+    let candidates: Vec<PathBuf> = std::env::var_os("DECIDE_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([
+            root().join("target/pydecide-venv/bin/python"),
+            root().join(".venv/bin/python"),
+        ])
+        .collect();
+    for python in candidates {
+        let imports = Command::new(&python)
+            .args(["-c", &format!("import {modules}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if imports {
+            return Some(python);
+        }
+    }
+    let message = format!("no Python with {modules} ({install})");
+    assert!(
+        std::env::var_os("DECIDE_REQUIRE_MCP").is_none(),
+        "{message}"
+    );
+    eprintln!("skipped: {message}");
+    None
+}
+
+/// Runs the Python script `script` (relative to the repository root, run from there) with `args`;
+/// its standard output, after checking that it succeeded.
+pub fn run_python(python: &Path, script: &str, args: &[&str]) -> String {
+    let output = Command::new(python)
+        .arg(root().join(script))
+        .args(args)
+        .current_dir(root())
+        .env_remove("DECIDE_MODEL")
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{script}: {stdout}\n{stderr}");
+    stdout
 }

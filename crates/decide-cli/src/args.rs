@@ -122,6 +122,8 @@ pub enum Command {
     Chat(ChatArgs),
     /// Fine-tune the model on labelled cases (the `decide score` format) and write a model folder.
     Train(TrainArgs),
+    /// Serve the tools of many MCP servers to an MCP client through search (stdio, or streamable HTTP with --http).
+    Mcp(McpArgs),
 }
 
 /// The tool filter's options, shared by `select`, `score`, `calibrate` and `eval` so that all
@@ -407,6 +409,53 @@ pub struct ChatArgs {
     /// Seconds to wait for the LLM server and the MCP servers.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct McpArgs {
+    /// An upstream MCP server to start, e.g. "npx -y @modelcontextprotocol/server-memory"; repeatable. The
+    /// command is split at whitespace; its tools are prefixed (on a clash) with the name the server gives itself.
+    #[arg(long, value_name = "COMMAND")]
+    pub mcp: Vec<String>,
+    /// An upstream MCP server's streamable HTTP endpoint, e.g. http://localhost:3001/mcp; repeatable.
+    #[arg(long, value_name = "URL")]
+    pub mcp_url: Vec<String>,
+    /// Upstream servers in the `mcpServers` JSON of MCP clients (Claude Desktop, Cursor, VS Code): an existing
+    /// configuration file works unchanged.
+    #[arg(long, value_name = "FILE.json")]
+    pub config: Option<PathBuf>,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+    /// With --http: require `Authorization: Bearer KEY`.
+    #[arg(
+        long,
+        env = "DECIDE_API_KEY",
+        hide_env_values = true,
+        requires = "http"
+    )]
+    pub api_key: Option<String>,
+    /// What tools/list holds: `search` (search_tools and call_tool) or `found` (search_tools and every tool found
+    /// so far in the session, announced with notifications/tools/list_changed).
+    #[arg(long, default_value = "search", value_parser = parse_expose)]
+    pub expose: decide_mcp::Expose,
+    /// A tool always listed (by its offered name); repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub always_include: Vec<String>,
+    /// The most tools a search returns when it does not say.
+    #[arg(long, default_value_t = 5)]
+    pub max_results: usize,
+    /// Searches return the fewest tools (at most --max-results) that keep at least this share of the needed ones
+    /// (the model's conformal table) instead of the best --max-results whatever their probability.
+    #[arg(long, value_name = "R")]
+    pub target_recall: Option<f64>,
+    /// Seconds to wait for an upstream to start, list its tools or answer a call.
+    #[arg(long, default_value_t = 30)]
+    pub timeout: u64,
+}
+
+fn parse_expose(s: &str) -> Result<decide_mcp::Expose, String> {
+    s.parse()
 }
 
 #[derive(Args, Debug)]

@@ -8,6 +8,7 @@ mod chat;
 mod decider;
 mod eval;
 mod input;
+mod mcp;
 mod models;
 mod plot;
 mod route;
@@ -65,6 +66,7 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
         args::Command::Serve(a) => serve::run(&cli.global, a),
         args::Command::Chat(a) => chat::run(&cli.global, a),
         args::Command::Train(a) => train::run(&cli.global, a),
+        args::Command::Mcp(a) => mcp::run(&cli.global, a),
     }
 }
 

@@ -90,7 +90,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Completes on SIGTERM or Ctrl-C.
-async fn shutdown() {
+pub(crate) async fn shutdown() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -88,6 +88,7 @@
 mod error;
 mod filter;
 mod request;
+mod search;
 mod selection;
 mod template;
 
@@ -100,5 +101,6 @@ pub use filter::{
     DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MIN_PROBABILITY,
 };
 pub use request::{provider_request, FilterOptions, SelectRequest};
+pub use search::{ranked, search_filter, SearchProvider, ToolSearchCall, DEFAULT_SEARCH_RESULTS};
 pub use selection::{Fallback, FallbackUsed, Reason, Selection, ToolDecision};
 pub use template::{QuestionTemplate, DEFAULT_QUESTION_TEMPLATE};

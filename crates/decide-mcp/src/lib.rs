@@ -1,5 +1,6 @@
-//! A [`ToolProvider`] backed by an MCP server, over stdio (a command the provider starts) or streamable HTTP, with
-//! the `rmcp` crate.
+//! MCP for decide, with the `rmcp` crate: a [`ToolProvider`] backed by an MCP server, over stdio (a command the
+//! provider starts) or streamable HTTP, and a [`Gateway`]: an MCP server of its own that offers the tools of many
+//! upstream servers through a search the decision model answers (`decide mcp`).
 //!
 //! [`McpToolProvider::stdio`] and [`McpToolProvider::http`] connect, initialise the session and list the server's
 //! tools (`tools/list`, every page). Each becomes a [`ToolSpecification`] with its name, description and input
@@ -34,6 +35,13 @@
 //! [`ToolProvider`]: decide_chat::ToolProvider
 #![deny(missing_docs)]
 
+mod gateway;
+
+pub use gateway::{
+    serve_http, serve_stdio, Expose, Gateway, GatewayOptions, ServerSpec, ServersConfig,
+    SEARCH_TOOLS,
+};
+
 use std::borrow::Cow;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -43,7 +51,7 @@ use decide_chat::{
     ToolProviderError, ToolProviderRequest, ToolProviderResult, ToolSpecification,
 };
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ContentBlock, MetaObject, RequestMetaObject,
+    CallToolRequestParams, CallToolResult, ContentBlock, MetaObject, RequestMetaObject, Tool,
 };
 use rmcp::service::{Peer, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
@@ -89,6 +97,17 @@ pub enum McpError {
         /// The server's error, or why the session ended.
         message: String,
     },
+    /// The server refused the request with a JSON-RPC error (an unknown tool, invalid arguments): the server is
+    /// up, the request was wrong.
+    #[error("MCP server {server}: {what} failed: {}", error.message)]
+    Refused {
+        /// The server's name, or its command or URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// The server's error, as it sent it.
+        error: rmcp::model::ErrorData,
+    },
 }
 
 /// How to talk to a server.
@@ -133,6 +152,17 @@ impl Session {
         context: &InvocationContext,
     ) -> Result<CallToolResult, ToolExecutionError> {
         let arguments = parse_arguments(arguments)?;
+        self.call_raw(name, arguments, context)
+            .await
+            .map_err(|error| ToolExecutionError::Failed(Box::new(error)))
+    }
+
+    async fn call_raw(
+        &self,
+        name: &str,
+        arguments: Option<Map<String, Value>>,
+        context: &InvocationContext,
+    ) -> Result<CallToolResult, McpError> {
         let mut params = CallToolRequestParams::new(Cow::Owned(name.to_owned()));
         if let Some(arguments) = arguments {
             params = params.with_arguments(arguments);
@@ -144,16 +174,21 @@ impl Session {
         }
         let what = format!("tools/call {name}");
         match tokio::time::timeout(self.timeout, self.peer().call_tool(params)).await {
-            Err(_) => Err(ToolExecutionError::Failed(Box::new(McpError::Timeout {
+            Err(_) => Err(McpError::Timeout {
                 server: self.server.clone(),
                 what,
                 timeout: self.timeout,
-            }))),
-            Ok(Err(error)) => Err(ToolExecutionError::Failed(Box::new(McpError::Request {
+            }),
+            Ok(Err(rmcp::ServiceError::McpError(error))) => Err(McpError::Refused {
+                server: self.server.clone(),
+                what,
+                error,
+            }),
+            Ok(Err(error)) => Err(McpError::Request {
                 server: self.server.clone(),
                 what,
                 message: error.to_string(),
-            }))),
+            }),
             Ok(Ok(result)) => Ok(result),
         }
     }
@@ -249,6 +284,7 @@ impl ToolExecutor for McpExecutor {
 pub struct McpToolProvider {
     session: Arc<Session>,
     tools: RwLock<Vec<ProvidedTool>>,
+    listed: RwLock<Vec<Tool>>,
 }
 
 impl McpToolProvider {
@@ -263,7 +299,17 @@ impl McpToolProvider {
     {
         let mut process = tokio::process::Command::new(command);
         process.args(args);
-        let server = command.to_owned();
+        Self::stdio_command(process, command, options).await
+    }
+
+    /// Like [`stdio`](Self::stdio), with the command set up by the caller (its environment, its working
+    /// folder); `name` names the server in errors until it gives its own.
+    pub async fn stdio_command(
+        process: tokio::process::Command,
+        name: &str,
+        options: McpOptions,
+    ) -> Result<Self, McpError> {
+        let server = name.to_owned();
         let connect_error = |message: String| McpError::Connect {
             server: server.clone(),
             message,
@@ -318,6 +364,7 @@ impl McpToolProvider {
         let provider = Self {
             session,
             tools: RwLock::new(Vec::new()),
+            listed: RwLock::new(Vec::new()),
         };
         provider.refresh().await?;
         Ok(provider)
@@ -339,7 +386,7 @@ impl McpToolProvider {
                 message: error.to_string(),
             })?;
         let tools = listed
-            .into_iter()
+            .iter()
             .map(|tool| {
                 let mut metadata = Map::new();
                 metadata.insert("server".into(), json!(session.server));
@@ -374,7 +421,33 @@ impl McpToolProvider {
             })
             .collect();
         *self.tools.write().unwrap_or_else(|e| e.into_inner()) = tools;
+        *self.listed.write().unwrap_or_else(|e| e.into_inner()) = listed;
         Ok(())
+    }
+
+    /// The tools as the server listed them (every field of its `tools/list`), in its order.
+    pub fn listed_tools(&self) -> Vec<Tool> {
+        self.listed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Calls a tool (`tools/call`), bounded by the timeout, and returns the server's result unchanged: its content,
+    /// structured content and `isError`. An `Err` is a call that got no result (the server died, hung or refused the
+    /// request), not a tool that reported an error.
+    pub async fn call_result(
+        &self,
+        name: &str,
+        arguments: Option<Map<String, Value>>,
+        context: &InvocationContext,
+    ) -> Result<CallToolResult, McpError> {
+        self.session.call_raw(name, arguments, context).await
+    }
+
+    /// Whether the session has ended (the server exited or closed the connection).
+    pub fn is_closed(&self) -> bool {
+        self.session.service.is_closed()
     }
 
     /// The server's name (from its `serverInfo`), or its command or URL if it gave none.

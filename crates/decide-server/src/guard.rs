@@ -15,8 +15,9 @@ use crate::AppState;
 
 /// The paths metrics are kept for; any other is counted as `other`, but the playground's
 /// examples, counted under their folder.
-const ENDPOINTS: [&str; 14] = [
+const ENDPOINTS: [&str; 15] = [
     "/v1/decisions",
+    "/v1/tool_search",
     "/v1/systemone",
     "/v1/select",
     "/v1/route",

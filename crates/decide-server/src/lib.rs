@@ -16,6 +16,7 @@
 //! | `POST /rerank` | text-embeddings-inference's rerank |
 //! | `POST /v1/rerank`, `/v2/rerank` | Cohere's (and Jina's) rerank |
 //! | `GET /` | the playground page |
+//! | `POST /v1/tool_search` | the providers' client-executed tool search, answered in their shape |
 //! | `GET /v1/models` | the loaded model |
 //! | `GET /health` | liveness, open without an API key |
 //! | `GET /metrics` | Prometheus text: requests, latency, batch sizes, queue depth |
@@ -71,6 +72,7 @@ mod playground;
 mod rerank;
 mod status;
 mod tasks;
+mod tool_search;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -192,6 +194,7 @@ pub fn router(state: AppState) -> axum::Router {
     axum::Router::new()
         .merge(decisions::router())
         .merge(tasks::router())
+        .merge(tool_search::router())
         .merge(status::router())
         .merge(embeddings::router())
         .merge(rerank::router())

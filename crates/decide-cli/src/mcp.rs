@@ -1,0 +1,105 @@
+//! `decide mcp`: an MCP server that offers the tools of many upstream MCP servers through a search the local
+//! decision model answers, over stdio (for clients that start it) or streamable HTTP (`--http`).
+//!
+//! Standard output carries the MCP session over stdio, so everything else (the servers started, the address
+//! listened on, errors) goes to standard error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use decide_contract::DecisionModel;
+use decide_mcp::{Gateway, GatewayOptions, McpOptions, ServerSpec, ServersConfig};
+
+use crate::args::{Global, McpArgs};
+
+pub fn run(global: &Global, args: McpArgs) -> anyhow::Result<()> {
+    let mut servers: Vec<(Option<String>, ServerSpec)> = Vec::new();
+    if let Some(path) = &args.config {
+        let config = ServersConfig::read(path).map_err(anyhow::Error::msg)?;
+        servers.extend(config.servers.into_iter().map(|(n, s)| (Some(n), s)));
+    }
+    for line in &args.mcp {
+        let spec = ServerSpec::command_line(line).map_err(|e| anyhow::anyhow!("--mcp: {e}"))?;
+        servers.push((None, spec));
+    }
+    for url in &args.mcp_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("--mcp-url {url}: expected an http:// or https:// URL");
+        }
+        servers.push((None, ServerSpec::Http { url: url.clone() }));
+    }
+    if servers.is_empty() {
+        bail!("--mcp: no upstream server; give --mcp COMMAND, --mcp-url URL or --config FILE");
+    }
+    if let Some(r) = args.target_recall {
+        if !(r > 0.0 && r < 1.0) {
+            bail!("--target-recall: {r} is not between 0 and 1 (exclusive)");
+        }
+    }
+    if args.max_results == 0 {
+        bail!("--max-results: must be at least 1");
+    }
+    if args.timeout == 0 {
+        bail!("--timeout: must be at least 1 second");
+    }
+    let engine = global.engine(false)?;
+    let conformal = engine.conformal().cloned();
+    if args.target_recall.is_some() && conformal.is_none() {
+        engine.require_conformal().context("--target-recall")?;
+    }
+    let model = engine.info().name.clone();
+    let options = GatewayOptions {
+        decision_model: Arc::new(engine) as Arc<dyn DecisionModel>,
+        conformal,
+        expose: args.expose,
+        always_include: args.always_include.clone(),
+        max_results: args.max_results,
+        target_recall: args.target_recall,
+        mcp: McpOptions::default().with_timeout(Duration::from_secs(args.timeout)),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let gateway = Arc::new(Gateway::start(servers, options).await?);
+        let tools = gateway.tool_count().await;
+        let names = gateway.upstream_names().join(", ");
+        for name in &args.always_include {
+            if !gateway.offers(name).await {
+                bail!("--always-include {name}: no upstream offers a tool of that name");
+            }
+        }
+        match &args.http {
+            None => {
+                eprintln!("decide mcp: {tools} tools of {names}, searched with {model}; serving MCP on stdio");
+                decide_mcp::serve_stdio(gateway)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+            }
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("--http {addr}"))?;
+                let local = listener.local_addr()?;
+                let api_key = args.api_key.clone().filter(|k| !k.is_empty());
+                if !local.ip().is_loopback() && api_key.is_none() {
+                    eprintln!(
+                        "warning: listening on {local} without --api-key: anyone who can reach it can call every upstream tool"
+                    );
+                }
+                // The address goes to stderr, so a script (or a test) that binds port 0 can read it.
+                eprintln!("decide mcp: {tools} tools of {names}, searched with {model}; listening on http://{local}/mcp");
+                decide_mcp::serve_http(gateway, listener, api_key, crate::serve::shutdown())
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+                eprintln!("decide mcp: stopped");
+            }
+        }
+        Ok(())
+    })?;
+    // A stdio read cannot be cancelled (the runtime would wait for one more line): the session is over, so exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
