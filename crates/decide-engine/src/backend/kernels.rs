@@ -46,6 +46,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Te
 use rayon::prelude::*;
 
 use super::config::Activation;
+use super::quant::{gemm_int8, QuantIsa, QuantizedMatrix};
 
 /// Instruction-set levels the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,6 +108,18 @@ impl Isa {
             IsaCap::Avx2 => Isa(self.0.min(Level::Avx2)),
             #[cfg(not(target_arch = "x86_64"))]
             IsaCap::Avx2 => self,
+        }
+    }
+
+    /// The int8 kernels' level under this one: the widest the CPU runs (VNNI where it has it)
+    /// for AVX-512, at most AVX2 for AVX2, the portable loop for the portable level.
+    pub(crate) fn int8(self) -> QuantIsa {
+        match self.0 {
+            Level::Portable => QuantIsa::portable(),
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => QuantIsa::detect().at_most_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => QuantIsa::detect(),
         }
     }
 
@@ -668,26 +681,51 @@ pub(crate) enum Epilogue {
     ResidualNorm(NormParams),
 }
 
+/// The number format of a [`FusedLinear`]'s weights and products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinearFormat {
+    /// f32 weights, f32 products (`gemm`).
+    F32,
+    /// int8 weights per output column, activations quantized per row to u8, i32 products
+    /// (see [`super::quant`]).
+    Int8,
+}
+
+/// A linear layer's weights in the format its products run in.
+#[derive(Debug, Clone)]
+enum LinearWeights {
+    /// Transposed, k×n.
+    F32(Vec<f32>),
+    Int8(QuantizedMatrix, QuantIsa),
+}
+
 /// A linear layer `x·Wᵀ + b` with its epilogue, weights stored transposed (k×n) at load.
 #[derive(Debug, Clone)]
 pub(crate) struct FusedLinear {
     k: usize,
     n: usize,
-    w_t: Vec<f32>,
+    weights: LinearWeights,
     bias: Vec<f32>,
     epilogue: Epilogue,
     isa: Isa,
 }
 
 impl FusedLinear {
-    /// From a candle `Linear` (weight n×k, optional bias n).
+    /// From a candle `Linear` (weight n×k, optional bias n), with its products in `format`.
     pub(crate) fn new(
         linear: &candle_nn::Linear,
         epilogue: Epilogue,
         isa: Isa,
+        format: LinearFormat,
     ) -> candle_core::Result<Self> {
         let (n, k) = linear.weight().dims2()?;
         let w_t = to_vec(&linear.weight().t()?.contiguous()?)?;
+        let weights = match format {
+            LinearFormat::F32 => LinearWeights::F32(w_t),
+            LinearFormat::Int8 => {
+                LinearWeights::Int8(QuantizedMatrix::quantize(&w_t, k, n)?, isa.int8())
+            }
+        };
         let bias = match linear.bias() {
             Some(b) => to_vec(b)?,
             None => vec![0.0; n],
@@ -703,7 +741,7 @@ impl FusedLinear {
         Ok(Self {
             k,
             n,
-            w_t,
+            weights,
             bias,
             epilogue,
             isa,
@@ -737,7 +775,10 @@ impl FusedLinear {
                 }
             }
         }
-        gemm_f32(&mut out, x, &self.w_t, m, self.k, n);
+        match &self.weights {
+            LinearWeights::F32(w_t) => gemm_f32(&mut out, x, w_t, m, self.k, n),
+            LinearWeights::Int8(w, isa) => gemm_int8(*isa, &mut out, x, w),
+        }
         let isa = self.isa;
         match &self.epilogue {
             Epilogue::None => {}
@@ -1180,7 +1221,7 @@ mod tests {
                 let x = randn(&[1, m, k]);
                 let plain = linear.forward(&x).unwrap();
 
-                let op = FusedLinear::new(&linear, Epilogue::None, isa).unwrap();
+                let op = FusedLinear::new(&linear, Epilogue::None, isa, LinearFormat::F32).unwrap();
                 let err = max_err(&x.apply_op1_no_bwd(&op).unwrap(), &plain);
                 assert!(err < 1e-5, "{isa:?} {m}x{k}x{n} linear: {err}");
 
@@ -1189,7 +1230,13 @@ mod tests {
                     (Activation::GeluTanh, plain.gelu().unwrap()),
                     (Activation::Relu, plain.relu().unwrap()),
                 ] {
-                    let op = FusedLinear::new(&linear, Epilogue::Activation(act), isa).unwrap();
+                    let op = FusedLinear::new(
+                        &linear,
+                        Epilogue::Activation(act),
+                        isa,
+                        LinearFormat::F32,
+                    )
+                    .unwrap();
                     let err = max_err(&x.apply_op1_no_bwd(&op).unwrap(), &want);
                     assert!(err < 1e-5, "{isa:?} {m}x{k}x{n} {act:?}: {err}");
                 }
@@ -1197,7 +1244,9 @@ mod tests {
                 let residual = randn(&[1, m, n]);
                 let (ln, p) = norm(n);
                 let want = ln.forward(&(&plain + &residual).unwrap()).unwrap();
-                let op = FusedLinear::new(&linear, Epilogue::ResidualNorm(p), isa).unwrap();
+                let op =
+                    FusedLinear::new(&linear, Epilogue::ResidualNorm(p), isa, LinearFormat::F32)
+                        .unwrap();
                 let got = x.apply_op2_no_bwd(&residual, &op).unwrap();
                 let err = max_err(&got, &want);
                 // A row of one value normalizes to beta exactly in both; otherwise the
@@ -1207,10 +1256,56 @@ mod tests {
         }
     }
 
+    /// Root-mean-square of `a - b` over that of `b`.
+    fn rms_err(a: &Tensor, b: &Tensor) -> f32 {
+        let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let diff: f32 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum();
+        let base: f32 = b.iter().map(|y| y * y).sum();
+        (diff / base.max(1e-30)).sqrt()
+    }
+
+    #[test]
+    fn int8_linear_with_each_epilogue_is_close_to_f32() {
+        for isa in levels() {
+            for &(m, k, n) in &SHAPES {
+                let w = (randn(&[n, k]) * (1.0 / (k as f64).sqrt())).unwrap();
+                let linear = Linear::new(w, Some(randn(&[n])));
+                let x = randn(&[1, m, k]);
+                let residual = randn(&[1, m, n]);
+                let (_, p) = norm(n);
+                for epilogue in [
+                    Epilogue::None,
+                    Epilogue::Activation(Activation::Gelu),
+                    Epilogue::ResidualNorm(p),
+                ] {
+                    let run = |format| {
+                        let op = FusedLinear::new(&linear, epilogue.clone(), isa, format).unwrap();
+                        match epilogue {
+                            Epilogue::ResidualNorm(_) => x.apply_op2_no_bwd(&residual, &op),
+                            _ => x.apply_op1_no_bwd(&op),
+                        }
+                        .unwrap()
+                    };
+                    let want = run(LinearFormat::F32);
+                    let got = run(LinearFormat::Int8);
+                    // Two 8-bit roundings (weights per column, inputs per row) of near-normal
+                    // values: about 1% of the output, never a gross error anywhere.
+                    let (rms, max) = (rms_err(&got, &want), max_err(&got, &want));
+                    assert!(
+                        rms < 0.03 && max < 0.15,
+                        "{isa:?} int8 {m}x{k}x{n} {epilogue:?}: rms {rms}, max {max}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn linear_refuses_bad_inputs_with_errors() {
         let linear = Linear::new(randn(&[4, 3]), None);
-        let op = FusedLinear::new(&linear, Epilogue::None, Isa::portable()).unwrap();
+        let op =
+            FusedLinear::new(&linear, Epilogue::None, Isa::portable(), LinearFormat::F32).unwrap();
         let err = randn(&[2, 5])
             .apply_op1_no_bwd(&op)
             .unwrap_err()
