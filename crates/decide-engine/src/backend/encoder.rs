@@ -194,12 +194,13 @@ impl Embeddings {
         let stock = StockEmbeddings::load(vb, c)?;
         Ok(match path {
             CpuPath::Stock => Embeddings::Stock(stock),
-            CpuPath::Fused(isa, _) => Embeddings::Fused(FusedEmbeddings::new(
+            CpuPath::Fused(isa, format) => Embeddings::Fused(FusedEmbeddings::new(
                 stock.words.embeddings(),
                 stock.types.embeddings(),
                 stock.positions.embeddings(),
                 NormParams::from_layer_norm(&stock.norm, c.layer_norm_eps)?,
                 isa,
+                format,
             )?),
         })
     }

@@ -46,7 +46,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Te
 use rayon::prelude::*;
 
 use super::config::Activation;
-use super::quant::{gemm_int8, QuantIsa, QuantizedMatrix};
+use super::quant::{gemm_int8, quantize_table_rows, QuantIsa, QuantizedMatrix};
 
 /// Instruction-set levels the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1041,28 +1041,47 @@ impl CustomOp2 for FusedAttention {
 #[derive(Debug, Clone)]
 pub(crate) struct FusedEmbeddings {
     hidden: usize,
-    words: Vec<f32>,
+    words: WordTable,
     types: Vec<f32>,
     positions: Vec<f32>,
     norm: NormParams,
     isa: Isa,
 }
 
+/// The word embeddings: most of a small encoder's weights (11.7 M of MiniLM's 22.7 M), so the
+/// int8 model keeps them in int8 too, one symmetric scale per row, dequantized as rows are
+/// gathered.
+#[derive(Debug, Clone)]
+enum WordTable {
+    F32(Vec<f32>),
+    Int8 { values: Vec<i8>, scales: Vec<f32> },
+}
+
 impl FusedEmbeddings {
+    /// The op over these tables; `format` int8 stores the word embeddings in int8.
     pub(crate) fn new(
         words: &Tensor,
         types: &Tensor,
         positions: &Tensor,
         norm: NormParams,
         isa: Isa,
+        format: LinearFormat,
     ) -> candle_core::Result<Self> {
         let hidden = words.dim(1)?;
         if types.dim(1)? != hidden || positions.dim(1)? != hidden || norm.gamma.len() != hidden {
             candle_core::bail!("embedding tables of different widths");
         }
+        let table = to_vec(words)?;
+        let words = match format {
+            LinearFormat::F32 => WordTable::F32(table),
+            LinearFormat::Int8 => {
+                let (values, scales) = quantize_table_rows(&table, hidden)?;
+                WordTable::Int8 { values, scales }
+            }
+        };
         Ok(Self {
             hidden,
-            words: to_vec(words)?,
+            words,
             types: to_vec(types)?,
             positions: to_vec(positions)?,
             norm,
@@ -1092,26 +1111,33 @@ impl CustomOp3 for FusedEmbeddings {
             candle_core::bail!("embeddings: ids, type ids and positions differ in length");
         }
         let h = self.hidden;
-        let table =
-            |t: &[f32], i: u32, what: &str| -> candle_core::Result<std::ops::Range<usize>> {
-                let start = i as usize * h;
-                if start + h > t.len() {
-                    candle_core::bail!("{what} {i} is out of range ({} rows)", t.len() / h);
-                }
-                Ok(start..start + h)
-            };
+        let table_rows = |len: usize, i: u32, what: &str| {
+            let start = i as usize * h;
+            if start + h > len {
+                candle_core::bail!("{what} {i} is out of range ({} rows)", len / h);
+            }
+            Ok(start..start + h)
+        };
+        let table = |t: &[f32], i: u32, what: &str| table_rows(t.len(), i, what);
         let mut out = vec![0f32; ids.len() * h];
         for (t, row) in out.chunks_exact_mut(h).enumerate() {
-            let w = table(&self.words, ids[t], "token id")?;
             let ty = table(&self.types, types[t], "token type id")?;
             let p = table(&self.positions, positions[t], "position")?;
-            for (((o, a), b), c) in row
-                .iter_mut()
-                .zip(&self.words[w])
-                .zip(&self.types[ty])
-                .zip(&self.positions[p])
-            {
-                *o = a + b + c;
+            let rest = self.types[ty].iter().zip(&self.positions[p]);
+            match &self.words {
+                WordTable::F32(words) => {
+                    let w = table(words, ids[t], "token id")?;
+                    for (o, (a, (b, c))) in row.iter_mut().zip(words[w].iter().zip(rest)) {
+                        *o = a + b + c;
+                    }
+                }
+                WordTable::Int8 { values, scales } => {
+                    let w = table_rows(values.len(), ids[t], "token id")?;
+                    let scale = scales[ids[t] as usize];
+                    for (o, (a, (b, c))) in row.iter_mut().zip(values[w].iter().zip(rest)) {
+                        *o = *a as f32 * scale + b + c;
+                    }
+                }
             }
         }
         let isa = self.isa;
@@ -1429,11 +1455,25 @@ mod tests {
                     words.embeddings(),
                     ty.embeddings(),
                     pos.embeddings(),
-                    p,
+                    p.clone(),
                     isa,
+                    LinearFormat::F32,
                 )
                 .unwrap();
                 let got = ids.apply_op3_no_bwd(&tys, &ps, &op).unwrap();
+                // The int8 word table: within the rounding of one 8-bit step per row.
+                let int8 = FusedEmbeddings::new(
+                    words.embeddings(),
+                    ty.embeddings(),
+                    pos.embeddings(),
+                    p,
+                    isa,
+                    LinearFormat::Int8,
+                )
+                .unwrap();
+                let q = ids.apply_op3_no_bwd(&tys, &ps, &int8).unwrap();
+                let rms = rms_err(&q, &want);
+                assert!(rms < 0.02, "{isa:?} int8 b{b} l{l} h{h}: rms {rms}");
                 let err = max_err(&got, &want);
                 assert!(err < 1e-5, "{isa:?} b{b} l{l} h{h}: {err}");
                 assert_eq!(got.dim(D::Minus1).unwrap(), h);

@@ -188,6 +188,35 @@ impl QuantizedMatrix {
     }
 }
 
+/// Quantizes a table of rows of `width` (an embedding table) to int8 with one symmetric scale
+/// per row: `row_i ≈ scales[i] · values[i]`.
+pub(crate) fn quantize_table_rows(
+    table: &[f32],
+    width: usize,
+) -> candle_core::Result<(Vec<i8>, Vec<f32>)> {
+    if width == 0 || table.len() % width != 0 {
+        candle_core::bail!("int8 table: {} values in rows of {width}", table.len());
+    }
+    if let Some(bad) = table.iter().find(|v| !v.is_finite()) {
+        candle_core::bail!("int8 table: a value is {bad}");
+    }
+    let mut values = vec![0i8; table.len()];
+    let mut scales = Vec::with_capacity(table.len() / width);
+    for (row, out) in table
+        .chunks_exact(width)
+        .zip(values.chunks_exact_mut(width))
+    {
+        let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for (o, v) in out.iter_mut().zip(row) {
+            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+        scales.push(scale);
+    }
+    Ok((values, scales))
+}
+
 /// Rows of activations quantized to `u8`, each `kp` wide (zero-padded past `k`; the weights
 /// there are zero, so the padding adds nothing).
 #[derive(Debug, Clone)]
