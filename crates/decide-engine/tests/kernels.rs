@@ -103,8 +103,9 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (na * nb)
 }
 
-#[test]
-fn minilm_embeddings_match_the_stock_path() {
+/// The embedding fixture's texts, and long rows too (up to the model's 256 tokens), next to
+/// one-word ones in the same batch.
+fn embedding_texts() -> Vec<String> {
     let r: Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("minilm-embeddings.json")).unwrap(),
     )
@@ -115,9 +116,14 @@ fn minilm_embeddings_match_the_stock_path() {
         .iter()
         .map(|t| t.as_str().unwrap().to_string())
         .collect();
-    // Long rows too (up to the model's 256 tokens), next to one-word ones in the same batch.
     texts.push("calendar ".repeat(300));
     texts.push("find the cheapest flight to Lisbon next week, then email it to Ana ".repeat(5));
+    texts
+}
+
+#[test]
+fn minilm_embeddings_match_the_stock_path() {
+    let texts = embedding_texts();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let want = minilm_stock().embed(&refs).unwrap();
     for kernels in FUSED {
@@ -185,18 +191,7 @@ fn int8_classifiers_stay_close_to_f32() {
 
 #[test]
 fn int8_minilm_embeddings_stay_close_to_f32_and_batches_change_nothing() {
-    let r: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("minilm-embeddings.json")).unwrap(),
-    )
-    .unwrap();
-    let mut texts: Vec<String> = r["texts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap().to_string())
-        .collect();
-    texts.push("calendar ".repeat(300));
-    texts.push("find the cheapest flight to Lisbon next week, then email it to Ana ".repeat(5));
+    let texts = embedding_texts();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let want = minilm_stock().embed(&refs).unwrap();
     for kernels in FUSED {
@@ -223,14 +218,15 @@ fn int8_minilm_embeddings_stay_close_to_f32_and_batches_change_nothing() {
         }
     }
     // The stock kernels have no int8 path: an error, not a silent f32 model.
-    let err = Engine::builder()
+    let built = Engine::builder()
         .model("all-MiniLM-L6-v2")
         .cpu_kernels(CpuKernels::Stock)
         .precision(Precision::Int8)
         .allow_uncalibrated(true)
-        .build()
-        .err()
-        .expect("int8 with stock kernels must fail")
-        .to_string();
+        .build();
+    let Err(err) = built else {
+        panic!("int8 with the stock kernels must fail");
+    };
+    let err = err.to_string();
     assert!(err.contains("int8 runs on the fused CPU kernels"), "{err}");
 }

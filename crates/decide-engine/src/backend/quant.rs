@@ -194,7 +194,7 @@ pub(crate) fn quantize_table_rows(
     table: &[f32],
     width: usize,
 ) -> candle_core::Result<(Vec<i8>, Vec<f32>)> {
-    if width == 0 || table.len() % width != 0 {
+    if width == 0 || !table.len().is_multiple_of(width) {
         candle_core::bail!("int8 table: {} values in rows of {width}", table.len());
     }
     if let Some(bad) = table.iter().find(|v| !v.is_finite()) {
@@ -380,7 +380,7 @@ mod x86 {
         kp: usize,
         out: &mut Block,
     ) {
-        assert!(R >= 1 && R <= MR && kp % 4 == 0);
+        assert!((1..=MR).contains(&R) && kp.is_multiple_of(4));
         assert!(a.len() >= (R - 1) * stride + kp && panel.len() >= kp * PANEL);
         let mut acc = [[_mm512_setzero_si512(); 2]; R];
         let mut w = panel.as_ptr();
@@ -496,7 +496,7 @@ fn drive<T: Send>(
 /// `dst (m × n) += x (m × k) · W`, with `x` quantized per row here and `W` quantized at load.
 pub(crate) fn gemm_int8(isa: QuantIsa, dst: &mut [f32], x: &[f32], w: &QuantizedMatrix) {
     let (k, n) = (w.k, w.n);
-    assert!(k > 0 && x.len() % k == 0 && dst.len() == x.len() / k * n);
+    assert!(k > 0 && x.len().is_multiple_of(k) && dst.len() == x.len() / k * n);
     let a = quantize_rows(isa, x, k, w.kp);
     drive(isa, &a, w, dst, |out, first, r0, j0, acc, rows| {
         let width = PANEL.min(n - j0);
@@ -573,21 +573,25 @@ mod tests {
         out
     }
 
-    // Tails everywhere: rows not a multiple of the register block, inputs not a multiple of
-    // four, outputs not a multiple of the panel; and the MiniLM widths.
-    const SHAPES: [(usize, usize, usize); 7] = [
-        (1, 1, 1),
-        (3, 5, 7),
-        (9, 33, 31),
-        (17, 6, 65),
-        (70, 384, 1152),
-        (13, 1536, 384),
-        (130, 384, 384),
-    ];
+    /// Tails everywhere (rows not a multiple of the register block, inputs not a multiple of
+    /// four, outputs not a multiple of the panel) crossed with each other, and the MiniLM
+    /// widths.
+    fn shapes() -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        for m in [1, 3, 9, 17] {
+            for k in [1, 5, 6, 33] {
+                for n in [1, 7, 31, 65] {
+                    out.push((m, k, n));
+                }
+            }
+        }
+        out.extend([(70, 384, 1152), (13, 1536, 384), (130, 384, 384)]);
+        out
+    }
 
     #[test]
     fn every_kernel_gives_the_exact_integers_of_the_reference() {
-        for (s, &(m, k, n)) in SHAPES.iter().enumerate() {
+        for (s, &(m, k, n)) in shapes().iter().enumerate() {
             let w = QuantizedMatrix::quantize(&values(s as u64, k * n, 0.2), k, n).unwrap();
             let mut x = values(100 + s as u64, m * k, 3.0);
             // A row of zeros and a row of one sign: the zero point's two extremes.
@@ -668,7 +672,7 @@ mod tests {
 
     #[test]
     fn the_dequantized_product_is_close_to_f32() {
-        for (s, &(m, k, n)) in SHAPES.iter().enumerate().skip(2) {
+        for (s, &(m, k, n)) in shapes().iter().enumerate() {
             let w_t = values(s as u64, k * n, 0.2);
             let x = values(200 + s as u64, m * k, 3.0);
             let mut want = vec![0f64; m * n];
