@@ -28,7 +28,8 @@ description``), sorted by length and padded per batch of 32 as sentence-transfor
     target/ort-venv/bin/python benches/peer_onnxruntime.py [models/all-MiniLM-L6-v2] \\
         [--threads 2] [--dtypes float32,int8] [--budget-s 60] [--catalogue TOOLS.json]
 
-Needs ``onnx``, ``onnxruntime``, ``numpy`` and ``tokenizers`` from PyPI (no torch).
+Needs ``onnx``, ``onnxruntime``, ``numpy`` and ``tokenizers`` from PyPI (no torch):
+``benches/requirements-onnx.txt``.
 """
 
 from __future__ import annotations
