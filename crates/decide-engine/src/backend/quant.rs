@@ -18,9 +18,9 @@
 //! accumulator stays under 2^31 (`vpdpbusd` sums four products into i32 without saturating).
 //!
 //! Three kernels compute the same integers: AVX-512 VNNI (`vpdpbusd`, 8 rows × 32 columns of
-//! i32 accumulators in registers), and the portable loop compiled once for AVX2 (which LLVM
-//! vectorizes with widening multiply-adds) and once for the baseline target. They are tested
-//! against a scalar reference that reads the unpacked weights, exactly.
+//! i32 accumulators in registers), and the portable loop compiled once with AVX2 enabled (left
+//! to LLVM's vectorizer; no hand-written AVX2 kernel yet) and once for the baseline target. They
+//! are tested against a scalar reference that reads the unpacked weights, exactly.
 //!
 //! # Safety
 //!
@@ -33,7 +33,7 @@
 use rayon::prelude::*;
 
 /// Output columns of one packed weight panel: two AVX-512 registers of i32 accumulators.
-pub(crate) const PANEL: usize = 32;
+const PANEL: usize = 32;
 /// Rows whose accumulators a kernel call keeps in registers.
 const MR: usize = 8;
 /// The largest `k` quantized (see the module's note on overflow).
@@ -220,7 +220,7 @@ pub(crate) fn quantize_table_rows(
 /// Rows of activations quantized to `u8`, each `kp` wide (zero-padded past `k`; the weights
 /// there are zero, so the padding adds nothing).
 #[derive(Debug, Clone)]
-pub(crate) struct QuantizedRows {
+struct QuantizedRows {
     kp: usize,
     data: Vec<u8>,
     /// `a_i` per row.
