@@ -89,6 +89,18 @@ impl QuantIsa {
         }
     }
 
+    /// Whether the products run on VNNI (`vpdpbusd`): the only level faster than f32.
+    pub(crate) fn is_vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.0 == Level::Avx512Vnni
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
     /// The level's name, for reports.
     pub(crate) fn name(self) -> &'static str {
         match self.0 {
