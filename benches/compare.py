@@ -9,6 +9,11 @@ shared machine. Prints a markdown table of sequences per second (the median over
 round's median) with the spread over rounds, and the ratios decide / peer; then decide's
 decision latency (10 messages, 100 and 1000 cached tools).
 
+``--int8`` adds ``decide bench --dtype int8`` to the rounds and ``--onnx`` adds
+``benches/peer_onnxruntime.py`` (ONNX Runtime float32 and dynamic int8, run by
+``--onnx-python``), and a second table puts decide int8 beside decide f32 and ONNX Runtime;
+``--no-torch`` leaves sentence-transformers out (e.g. where torch is not installed).
+
     HF_HUB_OFFLINE=1 .venv/bin/python benches/compare.py [--rounds 3] [--batches 1,8,32] \\
         [--tokens 64,128,256] [--catalogue TOOLS.json] [--decide target/release/decide] \\
         [--out target/compare.json]
@@ -35,8 +40,8 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_decide(args, kernels: str, decisions: bool) -> dict:
-    cmd = [args.decide, "bench", "--json", "--no-progress", "--kernels", kernels,
+def run_decide(args, kernels: str, decisions: bool, dtype: str = "f32") -> dict:
+    cmd = [args.decide, "bench", "--json", "--no-progress", "--kernels", kernels, "--dtype", dtype,
            "--batch-sizes", args.batches, "--seq-lens", args.tokens,
            "--reps", str(args.reps), "--min-time-s", str(args.min_time_s),
            *(["--decision-tools", "100,1000"] if decisions else ["--no-decisions"]),
@@ -51,6 +56,17 @@ def run_peer(args) -> list[dict]:
            str(ROOT / "models" / "all-MiniLM-L6-v2"), "--threads", str(args.threads),
            "--batches", args.batches, "--tokens", args.tokens, "--budget-s", str(args.peer_budget_s),
            "--min-reps", str(args.reps),
+           *(["--catalogue", args.catalogue] if args.catalogue else [])]
+    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def run_onnx(args) -> list[dict]:
+    cmd = [args.onnx_python, str(ROOT / "benches" / "peer_onnxruntime.py"),
+           str(ROOT / "models" / "all-MiniLM-L6-v2"), "--threads", str(args.threads),
+           "--batches", args.batches, "--tokens", args.tokens,
+           "--budget-s", str(args.peer_budget_s / 2), "--min-reps", str(args.reps),
+           "--work-dir", str(ROOT / "target" / "onnx"),
            *(["--catalogue", args.catalogue] if args.catalogue else [])]
     out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
@@ -72,6 +88,11 @@ def main() -> None:
     ap.add_argument("--min-time-s", type=float, default=0.5, help="decide: seconds per cell")
     ap.add_argument("--peer-budget-s", type=float, default=40.0, help="peer: seconds per round")
     ap.add_argument("--no-stock", action="store_true", help="skip candle's stock ops")
+    ap.add_argument("--no-torch", action="store_true", help="skip sentence-transformers")
+    ap.add_argument("--int8", action="store_true", help="also decide bench --dtype int8")
+    ap.add_argument("--onnx", action="store_true", help="also ONNX Runtime f32 and int8")
+    ap.add_argument("--onnx-python", default=sys.executable,
+                    help="the Python with onnx, onnxruntime, numpy and tokenizers")
     ap.add_argument("--catalogue", help="also time scoring this tool catalogue from scratch "
                     "(mixed lengths), e.g. crates/decide-eval/data/livemcpbench/catalogue.json")
     ap.add_argument("--decide", default=str(ROOT / "target" / "release" / "decide"))
@@ -80,8 +101,9 @@ def main() -> None:
                     "(with the same --batches, --tokens and --catalogue) instead of measuring")
     args = ap.parse_args()
 
-    runs = {"fused": [], "stock": [], "peer": []}
-    kinds = ["fused", "peer"] + ([] if args.no_stock else ["stock"])
+    runs = {"fused": [], "stock": [], "peer": [], "int8": [], "onnx": []}
+    kinds = (["fused"] + (["int8"] if args.int8 else []) + ([] if args.no_torch else ["peer"])
+             + (["onnx"] if args.onnx else []) + ([] if args.no_stock else ["stock"]))
     started = time.time()
     if args.from_json:
         runs = json.loads(Path(args.from_json).read_text())
@@ -93,6 +115,10 @@ def main() -> None:
             load = os.getloadavg()[0]
             if kind == "peer":
                 runs["peer"].append(run_peer(args))
+            elif kind == "onnx":
+                runs["onnx"].append(run_onnx(args))
+            elif kind == "int8":
+                runs["int8"].append(run_decide(args, "auto", decisions=True, dtype="int8"))
             else:
                 runs[kind].append(run_decide(args, "auto" if kind == "fused" else "stock",
                                              decisions=kind == "fused"))
@@ -105,8 +131,8 @@ def main() -> None:
         return [c["pairs_per_s"] for run in runs[kind] for c in run["cells"]
                 if (c["batch"], c["tokens"]) == (batch, tokens)]
 
-    def peer(dtype: str, batch: int, tokens: int) -> list[float]:
-        return [row["seqs_per_s"] for run in runs["peer"] for row in run
+    def peer(dtype: str, batch: int, tokens: int, kind: str = "peer") -> list[float]:
+        return [row["seqs_per_s"] for run in runs.get(kind, []) for row in run
                 if (row["dtype"], row.get("batch"), row.get("tokens")) == (dtype, batch, tokens)]
 
     first = runs["fused"][0]
@@ -160,6 +186,57 @@ def main() -> None:
         if meds:
             print(f"| 10 messages | {tools} | {statistics.median(meds):.1f}{spread(meds)} "
                   f"| {statistics.median(p95s):.1f} |")
+
+    if runs.get("int8"):
+        int8_tables(args, runs, ours, peer)
+
+
+def int8_tables(args, runs: dict, ours, peer) -> None:
+    """decide int8 beside decide f32 and ONNX Runtime f32 / dynamic int8."""
+    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    first = runs["int8"][0]
+    print()
+    print(f"int8: kernels {first['kernels']}, seq/s = median over rounds (min–max)")
+    print()
+    print("| batch | tokens | decide f32 | decide int8 | ORT f32 | ORT int8 "
+          "| int8 / f32 | int8 / ORT int8 | int8 / ORT f32 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for tokens in map(int, args.tokens.split(",")):
+        for batch in map(int, args.batches.split(",")):
+            f, q = ours("fused", batch, tokens), ours("int8", batch, tokens)
+            o32 = peer("float32", batch, tokens, "onnx")
+            o8 = peer("int8", batch, tokens, "onnx")
+            cells = [f"{med(v):.1f}{spread(v)}" if v else "-" for v in (f, q, o32, o8)]
+            ratios = [f"{med(q) / med(v):.2f}x" if v and q else "-" for v in (f, o8, o32)]
+            print(f"| {batch} | {tokens} | " + " | ".join(cells + ratios) + " |")
+    if args.catalogue:
+        def texts_per_s(kind: str) -> list[float]:
+            return [run["catalogue"]["texts_per_s"] for run in runs[kind] if run.get("catalogue")]
+
+        def onnx_texts(dtype: str) -> list[float]:
+            return [row["texts_per_s"] for run in runs["onnx"] for row in run
+                    if row.get("catalogue") and row["dtype"] == dtype]
+
+        f, q, o32, o8 = (texts_per_s("fused"), texts_per_s("int8"), onnx_texts("float32"),
+                         onnx_texts("int8"))
+        print()
+        print("| catalogue, tools/s | decide f32 | decide int8 | ORT f32 | ORT int8 "
+              "| int8 / f32 | int8 / ORT int8 | int8 / ORT f32 |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        cells = [f"{med(v):.1f}{spread(v)}" if v else "-" for v in (f, q, o32, o8)]
+        ratios = [f"{med(q) / med(v):.2f}x" if v and q else "-" for v in (f, o8, o32)]
+        print(f"| {Path(args.catalogue).parent.name} | " + " | ".join(cells + ratios) + " |")
+    print()
+    print("| decision | tools | f32 median ms | int8 median ms | f32 p95 | int8 p95 | f32 / int8 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for tools in (100, 1000):
+        def stat(kind: str, key: str) -> list[float]:
+            return [d[key] for run in runs[kind] for d in run["decisions"] if d["tools"] == tools]
+        fm, qm = stat("fused", "median_ms"), stat("int8", "median_ms")
+        if fm and qm:
+            print(f"| 10 messages | {tools} | {med(fm):.1f}{spread(fm)} | {med(qm):.1f}{spread(qm)} "
+                  f"| {med(stat('fused', 'p95_ms')):.1f} | {med(stat('int8', 'p95_ms')):.1f} "
+                  f"| {med(fm) / med(qm):.2f}x |")
 
 
 if __name__ == "__main__":

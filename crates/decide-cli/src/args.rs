@@ -24,8 +24,9 @@ pub struct Global {
     /// Device: cpu, cuda, cuda:N, metal or auto.
     #[arg(long, global = true, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceSpec,
-    /// Precision: f32, auto (the fastest that keeps the accuracy targets: f32 today), or
-    /// f16 / bf16 on GPUs. `--precision` is the same option.
+    /// Precision: f32, int8 (CPU: int8 linear layers, VNNI where the CPU has it), auto (the
+    /// fastest that keeps the accuracy targets: f32 today), or f16 / bf16 on GPUs.
+    /// `--precision` is the same option.
     #[arg(long, visible_alias = "precision", global = true, default_value = "f32", value_parser = parse_precision)]
     pub dtype: Precision,
     /// Token budget of one forward pass (rows × longest row).

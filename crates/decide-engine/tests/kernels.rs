@@ -1,23 +1,29 @@
 //! The fused CPU kernels against candle's own ops (`CpuKernels::Stock`, the reference path),
 //! whole models on the fixtures: cross-encoder logits within 1% relative (the accuracy target;
 //! in practice they agree to about 1e-6), bi-encoder cosine of pooled embeddings ≥ 0.9999, at
-//! every instruction-set level this CPU runs, including the portable fallback.
+//! every instruction-set level this CPU runs, including the portable fallback. Then int8
+//! (`Precision::Int8`) against f32 the same way, with the looser bounds of 8-bit products.
 
 mod common;
 
 use std::sync::OnceLock;
 
 use common::{fixtures, relative_close};
-use decide_engine::{bench, CpuKernels, Engine};
+use decide_engine::{bench, CpuKernels, Engine, Precision};
 use serde_json::Value;
 
 /// The fused choices to test: the detected level and the forced-down ones.
 const FUSED: [CpuKernels; 3] = [CpuKernels::Auto, CpuKernels::Avx2, CpuKernels::Portable];
 
 fn load(model: &str, kernels: CpuKernels) -> Engine {
+    load_in(model, kernels, Precision::F32)
+}
+
+fn load_in(model: &str, kernels: CpuKernels, precision: Precision) -> Engine {
     Engine::builder()
         .model(model)
         .cpu_kernels(kernels)
+        .precision(precision)
         // Several batches of different lengths: the stock path pads them and masks the
         // padding, the fused path packs them; both must agree.
         .max_batch_tokens(64)
@@ -97,8 +103,9 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (na * nb)
 }
 
-#[test]
-fn minilm_embeddings_match_the_stock_path() {
+/// The embedding fixture's texts, and long rows too (up to the model's 256 tokens), next to
+/// one-word ones in the same batch.
+fn embedding_texts() -> Vec<String> {
     let r: Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("minilm-embeddings.json")).unwrap(),
     )
@@ -109,9 +116,14 @@ fn minilm_embeddings_match_the_stock_path() {
         .iter()
         .map(|t| t.as_str().unwrap().to_string())
         .collect();
-    // Long rows too (up to the model's 256 tokens), next to one-word ones in the same batch.
     texts.push("calendar ".repeat(300));
     texts.push("find the cheapest flight to Lisbon next week, then email it to Ana ".repeat(5));
+    texts
+}
+
+#[test]
+fn minilm_embeddings_match_the_stock_path() {
+    let texts = embedding_texts();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let want = minilm_stock().embed(&refs).unwrap();
     for kernels in FUSED {
@@ -126,4 +138,95 @@ fn minilm_embeddings_match_the_stock_path() {
             );
         }
     }
+}
+
+/// int8 against f32 on the tiny classifiers (random weights, hidden size 32, logits within ±1):
+/// every logit within 0.06 of f32's (0.035 at most measured: with 32 inputs per product the
+/// 8-bit rounding averages out less than in a real model), and the same label wherever f32's
+/// margin is wider than 0.1.
+fn check_int8_classifier(dir: &str) {
+    let model = fixtures().join(dir);
+    let model = model.to_str().unwrap();
+    let r = reference(dir);
+    let pairs: Vec<(&str, &str)> = r["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap(), p[1].as_str().unwrap()))
+        .collect();
+    let want = load(model, CpuKernels::Auto)
+        .classify_pairs(&pairs)
+        .unwrap();
+    for kernels in FUSED {
+        let int8 = load_in(model, kernels, Precision::Int8);
+        let name = bench::kernels(&int8);
+        assert!(name.contains("-int8-"), "{name}");
+        assert_eq!(int8.info().dtype, "int8");
+        let got = int8.classify_pairs(&pairs).unwrap();
+        assert_eq!(got.len(), want.len());
+        let mut max_diff = 0f32;
+        for (g, w) in got.iter().zip(&want) {
+            for (g, w) in g.iter().zip(w) {
+                let diff = (g - w).abs();
+                max_diff = max_diff.max(diff);
+                assert!(diff <= 0.06, "{dir} {name}: logit {g} vs f32 {w}");
+            }
+            let top = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+            let mut sorted = w.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted.len() > 1 && sorted[0] - sorted[1] > 0.1 {
+                assert_eq!(top(g), top(w), "{dir} {name}: {g:?} vs f32 {w:?}");
+            }
+        }
+        eprintln!("{dir} {name}: max |logit difference| {max_diff:.2e}");
+    }
+}
+
+#[test]
+fn int8_classifiers_stay_close_to_f32() {
+    for dir in ["tiny-bert-1", "tiny-bert-3", "tiny-xlmr-1", "tiny-xlmr-3"] {
+        check_int8_classifier(dir);
+    }
+}
+
+#[test]
+fn int8_minilm_embeddings_stay_close_to_f32_and_batches_change_nothing() {
+    let texts = embedding_texts();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let want = minilm_stock().embed(&refs).unwrap();
+    for kernels in FUSED {
+        let int8 = load_in("all-MiniLM-L6-v2", kernels, Precision::Int8);
+        let name = bench::kernels(&int8);
+        let got = int8.embed(&refs).unwrap();
+        let mut worst = 1f64;
+        for ((g, w), text) in got.iter().zip(&want).zip(&texts) {
+            let c = cosine(g, w);
+            worst = worst.min(c);
+            assert!(c >= 0.99, "{name}: cosine {c} with f32 for {text:.40}");
+        }
+        eprintln!("{name}: lowest cosine with f32 {worst:.5}");
+        // Each row alone gives the same vector as in the batch: the activations are quantized
+        // per row, so no other row changes a row's integers.
+        for (text, batched) in refs.iter().zip(&got) {
+            let alone = int8.embed(&[text]).unwrap().remove(0);
+            let diff = alone
+                .iter()
+                .zip(batched)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff <= 1e-6, "{name}: {text:.40} alone differs by {diff}");
+        }
+    }
+    // The stock kernels have no int8 path: an error, not a silent f32 model.
+    let built = Engine::builder()
+        .model("all-MiniLM-L6-v2")
+        .cpu_kernels(CpuKernels::Stock)
+        .precision(Precision::Int8)
+        .allow_uncalibrated(true)
+        .build();
+    let Err(err) = built else {
+        panic!("int8 with the stock kernels must fail");
+    };
+    let err = err.to_string();
+    assert!(err.contains("int8 runs on the fused CPU kernels"), "{err}");
 }

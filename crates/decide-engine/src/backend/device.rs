@@ -104,9 +104,14 @@ impl DeviceSpec {
 /// The precision of the weights and activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
-    /// 32-bit floats: the default, and the only choice on the CPU.
+    /// 32-bit floats: the default.
     #[default]
     F32,
+    /// The CPU's int8 path: the linear layers' weights quantized to int8 per output channel at
+    /// load, their inputs to u8 per row at run time, products accumulated in i32 (AVX-512 VNNI
+    /// where the CPU has it); attention, LayerNorm, GELU and the head stay f32. Needs the fused
+    /// CPU kernels.
+    Int8,
     /// 16-bit floats (GPUs).
     F16,
     /// bfloat16 (GPUs).
@@ -157,12 +162,13 @@ impl FromStr for Precision {
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "f32" | "float32" => Ok(Precision::F32),
+            "int8" | "i8" | "qint8" => Ok(Precision::Int8),
             "f16" | "float16" | "half" => Ok(Precision::F16),
             "bf16" | "bfloat16" => Ok(Precision::Bf16),
             "auto" => Ok(Precision::Auto),
             _ => Err(EngineError::InvalidOption {
                 option: "dtype",
-                message: format!("'{s}': expected f32, f16, bf16 or auto"),
+                message: format!("'{s}': expected f32, int8, f16, bf16 or auto"),
             }),
         }
     }
@@ -174,14 +180,23 @@ impl Precision {
     /// fused CPU kernels are f32 too: without AMX, an AVX512-BF16 dot product (`vdpbf16ps`)
     /// measured at 70% of the f32 FMA rate per core on Xeons without AMX, so a bf16 linear layer
     /// would not beat the f32 one.
+    ///
+    /// int8 runs f32 activations between the int8 products: its dtype is f32, on the CPU only.
     pub fn dtype_for(self, device: &Device) -> Result<DType> {
         match (self, device) {
             (Precision::F32 | Precision::Auto, _) => Ok(DType::F32),
+            (Precision::Int8, Device::Cpu) => Ok(DType::F32),
+            (Precision::Int8, _) => Err(EngineError::InvalidOption {
+                option: "dtype",
+                message: "int8 runs on the cpu only (its kernels are CPU kernels); use f16 or \
+                          bf16 on a GPU"
+                    .into(),
+            }),
             (_, Device::Cpu) => Err(EngineError::InvalidOption {
                 option: "dtype",
                 message: format!(
                     "{} is not available on the cpu (no half-precision CPU kernel is faster than \
-                     f32 there); use f32 or auto",
+                     f32 there); use f32, int8 or auto",
                     self.name()
                 ),
             }),
@@ -194,6 +209,7 @@ impl Precision {
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
+            Precision::Int8 => "int8",
             Precision::F16 => "f16",
             Precision::Bf16 => "bf16",
             Precision::Auto => "auto",
@@ -259,6 +275,14 @@ mod tests {
         assert!("fp8".parse::<Precision>().is_err());
         assert_eq!("auto".parse::<Precision>().unwrap(), Precision::Auto);
         assert_eq!(Precision::Auto.dtype_for(&Device::Cpu).unwrap(), DType::F32);
+        assert_eq!("INT8".parse::<Precision>().unwrap(), Precision::Int8);
+        assert_eq!(Precision::Int8.dtype_for(&Device::Cpu).unwrap(), DType::F32);
+        assert_eq!(Precision::Int8.name(), "int8");
+        let err = "fp8".parse::<Precision>().unwrap_err().to_string();
+        assert!(
+            err.contains("expected f32, int8, f16, bf16 or auto"),
+            "{err}"
+        );
     }
 
     #[test]

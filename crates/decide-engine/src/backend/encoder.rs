@@ -9,26 +9,31 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
 
 use super::config::{Activation, EncoderConfig, Family};
-use super::kernels::{Epilogue, FusedAttention, FusedEmbeddings, FusedLinear, Isa, NormParams};
+use super::kernels::{
+    Epilogue, FusedAttention, FusedEmbeddings, FusedLinear, Isa, LinearFormat, NormParams,
+};
 
 /// Which code runs the encoder layers, chosen once at load time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CpuPath {
     /// candle's own ops (any device, any dtype): the reference path and the fallback.
     Stock,
-    /// The fused CPU kernels of [`super::kernels`] at this instruction set (CPU, f32 only).
-    Fused(Isa),
+    /// The fused CPU kernels of [`super::kernels`] at this instruction set (CPU, f32
+    /// activations), with the linear layers' products in this format.
+    Fused(Isa, LinearFormat),
 }
 
 impl CpuPath {
     /// The path for a model on `device` in `dtype` with the requested kernels: the fused
     /// kernels only run f32 on the CPU, at the detected instruction set capped by `kernels`;
-    /// everything else is candle's own ops.
+    /// everything else is candle's own ops. `format` applies to the fused path only: int8
+    /// needs it, which the caller checks (see [`EngineBuilder`](crate::EngineBuilder)).
     pub(crate) fn choose(
         kernels: super::device::CpuKernels,
         device: &Device,
         dtype: DType,
         detected: Isa,
+        format: LinearFormat,
     ) -> CpuPath {
         use super::device::CpuKernels;
         use super::kernels::IsaCap;
@@ -37,9 +42,9 @@ impl CpuPath {
         }
         match kernels {
             CpuKernels::Stock => CpuPath::Stock,
-            CpuKernels::Auto => CpuPath::Fused(detected.capped(IsaCap::Best)),
-            CpuKernels::Avx2 => CpuPath::Fused(detected.capped(IsaCap::Avx2)),
-            CpuKernels::Portable => CpuPath::Fused(detected.capped(IsaCap::Portable)),
+            CpuKernels::Auto => CpuPath::Fused(detected.capped(IsaCap::Best), format),
+            CpuKernels::Avx2 => CpuPath::Fused(detected.capped(IsaCap::Avx2), format),
+            CpuKernels::Portable => CpuPath::Fused(detected.capped(IsaCap::Portable), format),
         }
     }
 }
@@ -189,12 +194,13 @@ impl Embeddings {
         let stock = StockEmbeddings::load(vb, c)?;
         Ok(match path {
             CpuPath::Stock => Embeddings::Stock(stock),
-            CpuPath::Fused(isa) => Embeddings::Fused(FusedEmbeddings::new(
+            CpuPath::Fused(isa, format) => Embeddings::Fused(FusedEmbeddings::new(
                 stock.words.embeddings(),
                 stock.types.embeddings(),
                 stock.positions.embeddings(),
                 NormParams::from_layer_norm(&stock.norm, c.layer_norm_eps)?,
                 isa,
+                format,
             )?),
         })
     }
@@ -254,7 +260,9 @@ impl Layer {
         let stock = StockLayer::load(vb, c)?;
         Ok(match path {
             CpuPath::Stock => Layer::Stock(stock),
-            CpuPath::Fused(isa) => Layer::Fused(Box::new(FusedLayer::new(&stock, c, isa)?)),
+            CpuPath::Fused(isa, format) => {
+                Layer::Fused(Box::new(FusedLayer::new(&stock, c, isa, format)?))
+            }
         })
     }
 
@@ -277,21 +285,28 @@ struct FusedLayer {
 }
 
 impl FusedLayer {
-    fn new(l: &StockLayer, c: &EncoderConfig, isa: Isa) -> candle_core::Result<Self> {
+    fn new(
+        l: &StockLayer,
+        c: &EncoderConfig,
+        isa: Isa,
+        format: LinearFormat,
+    ) -> candle_core::Result<Self> {
         let eps = c.layer_norm_eps;
         Ok(Self {
-            qkv: FusedLinear::new(&l.qkv, Epilogue::None, isa)?,
+            qkv: FusedLinear::new(&l.qkv, Epilogue::None, isa, format)?,
             attention: FusedAttention::new(l.heads, l.head_dim, isa),
             attn_out: FusedLinear::new(
                 &l.attn_out,
                 Epilogue::ResidualNorm(NormParams::from_layer_norm(&l.attn_norm, eps)?),
                 isa,
+                format,
             )?,
-            up: FusedLinear::new(&l.up, Epilogue::Activation(l.activation), isa)?,
+            up: FusedLinear::new(&l.up, Epilogue::Activation(l.activation), isa, format)?,
             down: FusedLinear::new(
                 &l.down,
                 Epilogue::ResidualNorm(NormParams::from_layer_norm(&l.out_norm, eps)?),
                 isa,
+                format,
             )?,
         })
     }
@@ -473,11 +488,15 @@ impl Model {
         })
     }
 
-    /// Which code runs the layers, for reports: `stock` or `fused-<instruction set>-f32`.
+    /// Which code runs the layers, for reports: `stock`, `fused-<instruction set>-f32`, or
+    /// `fused-<instruction set>-int8-<int8 kernels' instruction set>`.
     pub fn kernels(&self) -> String {
         match self.path {
             CpuPath::Stock => "stock".into(),
-            CpuPath::Fused(isa) => format!("fused-{}-f32", isa.name()),
+            CpuPath::Fused(isa, LinearFormat::F32) => format!("fused-{}-f32", isa.name()),
+            CpuPath::Fused(isa, LinearFormat::Int8) => {
+                format!("fused-{}-int8-{}", isa.name(), isa.int8().name())
+            }
         }
     }
 
@@ -503,7 +522,7 @@ impl Model {
     /// Whether [`forward_packed`](Self::forward_packed) can run: only the fused CPU kernels
     /// have an attention over packed rows.
     pub fn packs(&self) -> bool {
-        matches!(self.path, CpuPath::Fused(_))
+        matches!(self.path, CpuPath::Fused(..))
             && matches!(self.embeddings, Embeddings::Fused(_))
             && self.layers.iter().all(|l| matches!(l, Layer::Fused(_)))
     }
@@ -580,6 +599,8 @@ mod tests {
     use crate::backend::device::CpuKernels;
     use crate::backend::kernels::IsaCap;
 
+    const F32: LinearFormat = LinearFormat::F32;
+
     #[test]
     fn the_fused_path_falls_back_where_it_cannot_run() {
         let cpu = Device::Cpu;
@@ -588,29 +609,29 @@ mod tests {
         // Half-precision tensors (as on GPUs) always run candle's own ops.
         for dtype in [DType::BF16, DType::F16] {
             assert_eq!(
-                CpuPath::choose(CpuKernels::Auto, &cpu, dtype, best),
+                CpuPath::choose(CpuKernels::Auto, &cpu, dtype, best, F32),
                 CpuPath::Stock
             );
         }
         assert_eq!(
-            CpuPath::choose(CpuKernels::Stock, &cpu, DType::F32, best),
+            CpuPath::choose(CpuKernels::Stock, &cpu, DType::F32, best, F32),
             CpuPath::Stock
         );
         assert_eq!(
-            CpuPath::choose(CpuKernels::Auto, &cpu, DType::F32, best),
-            CpuPath::Fused(best)
+            CpuPath::choose(CpuKernels::Auto, &cpu, DType::F32, best, F32),
+            CpuPath::Fused(best, F32)
         );
         // A CPU where detection found neither AVX2 nor AVX-512 runs the portable kernels,
         // whatever was asked for: a request never raises the level.
         for kernels in [CpuKernels::Auto, CpuKernels::Avx2, CpuKernels::Portable] {
             assert_eq!(
-                CpuPath::choose(kernels, &cpu, DType::F32, portable),
-                CpuPath::Fused(portable)
+                CpuPath::choose(kernels, &cpu, DType::F32, portable, LinearFormat::Int8),
+                CpuPath::Fused(portable, LinearFormat::Int8)
             );
         }
         assert_eq!(
-            CpuPath::choose(CpuKernels::Portable, &cpu, DType::F32, best),
-            CpuPath::Fused(portable)
+            CpuPath::choose(CpuKernels::Portable, &cpu, DType::F32, best, F32),
+            CpuPath::Fused(portable, F32)
         );
     }
 }

@@ -46,6 +46,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Te
 use rayon::prelude::*;
 
 use super::config::Activation;
+use super::quant::{gemm_int8, quantize_table_rows, QuantIsa, QuantizedMatrix};
 
 /// Instruction-set levels the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,6 +108,18 @@ impl Isa {
             IsaCap::Avx2 => Isa(self.0.min(Level::Avx2)),
             #[cfg(not(target_arch = "x86_64"))]
             IsaCap::Avx2 => self,
+        }
+    }
+
+    /// The int8 kernels' level under this one: the widest the CPU runs (VNNI where it has it)
+    /// for AVX-512, at most AVX2 for AVX2, the portable loop for the portable level.
+    pub(crate) fn int8(self) -> QuantIsa {
+        match self.0 {
+            Level::Portable => QuantIsa::portable(),
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => QuantIsa::detect().at_most_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => QuantIsa::detect(),
         }
     }
 
@@ -668,26 +681,51 @@ pub(crate) enum Epilogue {
     ResidualNorm(NormParams),
 }
 
+/// The number format of a [`FusedLinear`]'s weights and products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinearFormat {
+    /// f32 weights, f32 products (`gemm`).
+    F32,
+    /// int8 weights per output column, activations quantized per row to u8, i32 products
+    /// (see [`super::quant`]).
+    Int8,
+}
+
+/// A linear layer's weights in the format its products run in.
+#[derive(Debug, Clone)]
+enum LinearWeights {
+    /// Transposed, k×n.
+    F32(Vec<f32>),
+    Int8(QuantizedMatrix, QuantIsa),
+}
+
 /// A linear layer `x·Wᵀ + b` with its epilogue, weights stored transposed (k×n) at load.
 #[derive(Debug, Clone)]
 pub(crate) struct FusedLinear {
     k: usize,
     n: usize,
-    w_t: Vec<f32>,
+    weights: LinearWeights,
     bias: Vec<f32>,
     epilogue: Epilogue,
     isa: Isa,
 }
 
 impl FusedLinear {
-    /// From a candle `Linear` (weight n×k, optional bias n).
+    /// From a candle `Linear` (weight n×k, optional bias n), with its products in `format`.
     pub(crate) fn new(
         linear: &candle_nn::Linear,
         epilogue: Epilogue,
         isa: Isa,
+        format: LinearFormat,
     ) -> candle_core::Result<Self> {
         let (n, k) = linear.weight().dims2()?;
         let w_t = to_vec(&linear.weight().t()?.contiguous()?)?;
+        let weights = match format {
+            LinearFormat::F32 => LinearWeights::F32(w_t),
+            LinearFormat::Int8 => {
+                LinearWeights::Int8(QuantizedMatrix::quantize(&w_t, k, n)?, isa.int8())
+            }
+        };
         let bias = match linear.bias() {
             Some(b) => to_vec(b)?,
             None => vec![0.0; n],
@@ -703,7 +741,7 @@ impl FusedLinear {
         Ok(Self {
             k,
             n,
-            w_t,
+            weights,
             bias,
             epilogue,
             isa,
@@ -737,7 +775,10 @@ impl FusedLinear {
                 }
             }
         }
-        gemm_f32(&mut out, x, &self.w_t, m, self.k, n);
+        match &self.weights {
+            LinearWeights::F32(w_t) => gemm_f32(&mut out, x, w_t, m, self.k, n),
+            LinearWeights::Int8(w, isa) => gemm_int8(*isa, &mut out, x, w),
+        }
         let isa = self.isa;
         match &self.epilogue {
             Epilogue::None => {}
@@ -1000,28 +1041,47 @@ impl CustomOp2 for FusedAttention {
 #[derive(Debug, Clone)]
 pub(crate) struct FusedEmbeddings {
     hidden: usize,
-    words: Vec<f32>,
+    words: WordTable,
     types: Vec<f32>,
     positions: Vec<f32>,
     norm: NormParams,
     isa: Isa,
 }
 
+/// The word embeddings: most of a small encoder's weights (11.7 M of MiniLM's 22.7 M), so the
+/// int8 model keeps them in int8 too, one symmetric scale per row, dequantized as rows are
+/// gathered.
+#[derive(Debug, Clone)]
+enum WordTable {
+    F32(Vec<f32>),
+    Int8 { values: Vec<i8>, scales: Vec<f32> },
+}
+
 impl FusedEmbeddings {
+    /// The op over these tables; `format` int8 stores the word embeddings in int8.
     pub(crate) fn new(
         words: &Tensor,
         types: &Tensor,
         positions: &Tensor,
         norm: NormParams,
         isa: Isa,
+        format: LinearFormat,
     ) -> candle_core::Result<Self> {
         let hidden = words.dim(1)?;
         if types.dim(1)? != hidden || positions.dim(1)? != hidden || norm.gamma.len() != hidden {
             candle_core::bail!("embedding tables of different widths");
         }
+        let table = to_vec(words)?;
+        let words = match format {
+            LinearFormat::F32 => WordTable::F32(table),
+            LinearFormat::Int8 => {
+                let (values, scales) = quantize_table_rows(&table, hidden)?;
+                WordTable::Int8 { values, scales }
+            }
+        };
         Ok(Self {
             hidden,
-            words: to_vec(words)?,
+            words,
             types: to_vec(types)?,
             positions: to_vec(positions)?,
             norm,
@@ -1051,26 +1111,33 @@ impl CustomOp3 for FusedEmbeddings {
             candle_core::bail!("embeddings: ids, type ids and positions differ in length");
         }
         let h = self.hidden;
-        let table =
-            |t: &[f32], i: u32, what: &str| -> candle_core::Result<std::ops::Range<usize>> {
-                let start = i as usize * h;
-                if start + h > t.len() {
-                    candle_core::bail!("{what} {i} is out of range ({} rows)", t.len() / h);
-                }
-                Ok(start..start + h)
-            };
+        let table_rows = |len: usize, i: u32, what: &str| {
+            let start = i as usize * h;
+            if start + h > len {
+                candle_core::bail!("{what} {i} is out of range ({} rows)", len / h);
+            }
+            Ok(start..start + h)
+        };
+        let table = |t: &[f32], i: u32, what: &str| table_rows(t.len(), i, what);
         let mut out = vec![0f32; ids.len() * h];
         for (t, row) in out.chunks_exact_mut(h).enumerate() {
-            let w = table(&self.words, ids[t], "token id")?;
             let ty = table(&self.types, types[t], "token type id")?;
             let p = table(&self.positions, positions[t], "position")?;
-            for (((o, a), b), c) in row
-                .iter_mut()
-                .zip(&self.words[w])
-                .zip(&self.types[ty])
-                .zip(&self.positions[p])
-            {
-                *o = a + b + c;
+            let rest = self.types[ty].iter().zip(&self.positions[p]);
+            match &self.words {
+                WordTable::F32(words) => {
+                    let w = table(words, ids[t], "token id")?;
+                    for (o, (a, (b, c))) in row.iter_mut().zip(words[w].iter().zip(rest)) {
+                        *o = a + b + c;
+                    }
+                }
+                WordTable::Int8 { values, scales } => {
+                    let w = table_rows(values.len(), ids[t], "token id")?;
+                    let scale = scales[ids[t] as usize];
+                    for (o, (a, (b, c))) in row.iter_mut().zip(values[w].iter().zip(rest)) {
+                        *o = *a as f32 * scale + b + c;
+                    }
+                }
             }
         }
         let isa = self.isa;
@@ -1180,7 +1247,7 @@ mod tests {
                 let x = randn(&[1, m, k]);
                 let plain = linear.forward(&x).unwrap();
 
-                let op = FusedLinear::new(&linear, Epilogue::None, isa).unwrap();
+                let op = FusedLinear::new(&linear, Epilogue::None, isa, LinearFormat::F32).unwrap();
                 let err = max_err(&x.apply_op1_no_bwd(&op).unwrap(), &plain);
                 assert!(err < 1e-5, "{isa:?} {m}x{k}x{n} linear: {err}");
 
@@ -1189,7 +1256,13 @@ mod tests {
                     (Activation::GeluTanh, plain.gelu().unwrap()),
                     (Activation::Relu, plain.relu().unwrap()),
                 ] {
-                    let op = FusedLinear::new(&linear, Epilogue::Activation(act), isa).unwrap();
+                    let op = FusedLinear::new(
+                        &linear,
+                        Epilogue::Activation(act),
+                        isa,
+                        LinearFormat::F32,
+                    )
+                    .unwrap();
                     let err = max_err(&x.apply_op1_no_bwd(&op).unwrap(), &want);
                     assert!(err < 1e-5, "{isa:?} {m}x{k}x{n} {act:?}: {err}");
                 }
@@ -1197,7 +1270,9 @@ mod tests {
                 let residual = randn(&[1, m, n]);
                 let (ln, p) = norm(n);
                 let want = ln.forward(&(&plain + &residual).unwrap()).unwrap();
-                let op = FusedLinear::new(&linear, Epilogue::ResidualNorm(p), isa).unwrap();
+                let op =
+                    FusedLinear::new(&linear, Epilogue::ResidualNorm(p), isa, LinearFormat::F32)
+                        .unwrap();
                 let got = x.apply_op2_no_bwd(&residual, &op).unwrap();
                 let err = max_err(&got, &want);
                 // A row of one value normalizes to beta exactly in both; otherwise the
@@ -1207,10 +1282,56 @@ mod tests {
         }
     }
 
+    /// Root-mean-square of `a - b` over that of `b`.
+    fn rms_err(a: &Tensor, b: &Tensor) -> f32 {
+        let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let diff: f32 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum();
+        let base: f32 = b.iter().map(|y| y * y).sum();
+        (diff / base.max(1e-30)).sqrt()
+    }
+
+    #[test]
+    fn int8_linear_with_each_epilogue_is_close_to_f32() {
+        for isa in levels() {
+            for &(m, k, n) in &SHAPES {
+                let w = (randn(&[n, k]) * (1.0 / (k as f64).sqrt())).unwrap();
+                let linear = Linear::new(w, Some(randn(&[n])));
+                let x = randn(&[1, m, k]);
+                let residual = randn(&[1, m, n]);
+                let (_, p) = norm(n);
+                for epilogue in [
+                    Epilogue::None,
+                    Epilogue::Activation(Activation::Gelu),
+                    Epilogue::ResidualNorm(p),
+                ] {
+                    let run = |format| {
+                        let op = FusedLinear::new(&linear, epilogue.clone(), isa, format).unwrap();
+                        match epilogue {
+                            Epilogue::ResidualNorm(_) => x.apply_op2_no_bwd(&residual, &op),
+                            _ => x.apply_op1_no_bwd(&op),
+                        }
+                        .unwrap()
+                    };
+                    let want = run(LinearFormat::F32);
+                    let got = run(LinearFormat::Int8);
+                    // Two 8-bit roundings (weights per column, inputs per row) of near-normal
+                    // values: about 1% of the output, never a gross error anywhere.
+                    let (rms, max) = (rms_err(&got, &want), max_err(&got, &want));
+                    assert!(
+                        rms < 0.03 && max < 0.15,
+                        "{isa:?} int8 {m}x{k}x{n} {epilogue:?}: rms {rms}, max {max}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn linear_refuses_bad_inputs_with_errors() {
         let linear = Linear::new(randn(&[4, 3]), None);
-        let op = FusedLinear::new(&linear, Epilogue::None, Isa::portable()).unwrap();
+        let op =
+            FusedLinear::new(&linear, Epilogue::None, Isa::portable(), LinearFormat::F32).unwrap();
         let err = randn(&[2, 5])
             .apply_op1_no_bwd(&op)
             .unwrap_err()
@@ -1334,11 +1455,25 @@ mod tests {
                     words.embeddings(),
                     ty.embeddings(),
                     pos.embeddings(),
-                    p,
+                    p.clone(),
                     isa,
+                    LinearFormat::F32,
                 )
                 .unwrap();
                 let got = ids.apply_op3_no_bwd(&tys, &ps, &op).unwrap();
+                // The int8 word table: within the rounding of one 8-bit step per row.
+                let int8 = FusedEmbeddings::new(
+                    words.embeddings(),
+                    ty.embeddings(),
+                    pos.embeddings(),
+                    p,
+                    isa,
+                    LinearFormat::Int8,
+                )
+                .unwrap();
+                let q = ids.apply_op3_no_bwd(&tys, &ps, &int8).unwrap();
+                let rms = rms_err(&q, &want);
+                assert!(rms < 0.02, "{isa:?} int8 b{b} l{l} h{h}: rms {rms}");
                 let err = max_err(&got, &want);
                 assert!(err < 1e-5, "{isa:?} b{b} l{l} h{h}: {err}");
                 assert_eq!(got.dim(D::Minus1).unwrap(), h);

@@ -67,7 +67,8 @@ impl EngineBuilder {
         self
     }
 
-    /// The precision (default: f32; f16 and bf16 on GPUs only).
+    /// The precision (default: f32; int8 on the CPU's fused kernels only; f16 and bf16 on GPUs
+    /// only).
     pub fn precision(mut self, precision: Precision) -> Self {
         self.precision = precision;
         self
@@ -143,6 +144,14 @@ impl EngineBuilder {
         let location = registry::resolve(&self.model)?;
         let device = self.device.open()?;
         let dtype = self.precision.dtype_for(&device)?;
+        if self.precision == Precision::Int8 && self.cpu_kernels == CpuKernels::Stock {
+            return Err(EngineError::InvalidOption {
+                option: "dtype",
+                message: "int8 runs on the fused CPU kernels, and --kernels stock has none \
+                          (use auto, avx2 or portable)"
+                    .into(),
+            });
+        }
         Engine::load(location, device, dtype, self)
     }
 }
@@ -256,6 +265,7 @@ impl Engine {
                 device,
                 dtype,
                 kernels: options.cpu_kernels,
+                int8: options.precision == Precision::Int8,
                 max_batch_tokens: options.max_batch_tokens,
             },
         )?;
@@ -287,7 +297,10 @@ impl Engine {
             score_kind,
             max_length,
             device: device_name(backend.device()),
-            dtype: format!("{:?}", backend.dtype()).to_lowercase(),
+            dtype: match options.precision {
+                Precision::Int8 => "int8".into(),
+                _ => format!("{:?}", backend.dtype()).to_lowercase(),
+            },
             calibration,
             lexical_weight,
             conformal,

@@ -1,0 +1,734 @@
+//! int8 matrix products for the CPU: the linear layers of `--dtype int8`.
+//!
+//! * **Weights** are quantized once at load, per output column, symmetrically: column `j` is
+//!   `s_j · q_j` with `q_j ∈ [-127, 127]` and `s_j = max|w_j| / 127`. They are stored packed in
+//!   panels of [`PANEL`] columns, four consecutive `k` values of a column side by side, which is
+//!   the layout `vpdpbusd` reads: one 64-byte load holds four `k` values of 16 columns.
+//! * **Activations** are quantized per row at run time, asymmetrically to `u8`: row `i` is
+//!   `a_i · (u_i - z_i)` with `u_i ∈ [0, 255]`, the range widened to include 0 so that the zero
+//!   point `z_i` is an integer in range. Unsigned activations are what `vpdpbusd` (u8 × i8)
+//!   takes, and the asymmetric range gives the mostly positive GELU outputs (FFN down) twice
+//!   the resolution a symmetric one would.
+//! * **Products** accumulate exactly in i32: `Σ_k u·q`. The zero point comes out with the
+//!   column sums of the weights (`Σ_k (u - z)·q = Σ_k u·q - z·Σ_k q`), computed at load, and
+//!   the epilogue adds `a_i · s_j · (acc - z_i · colsum_j)` onto the output, which the caller
+//!   preloaded with the bias (and residual), as the f32 path does.
+//!
+//! No overflow: a product is at most 255 · 127 and `k` is capped at 32,768 at load, so an
+//! accumulator stays under 2^31 (`vpdpbusd` sums four products into i32 without saturating).
+//!
+//! Three kernels compute the same integers: AVX-512 VNNI (`vpdpbusd`, 8 rows × 32 columns of
+//! i32 accumulators in registers), and the portable loop compiled once with AVX2 enabled (left
+//! to LLVM's vectorizer; no hand-written AVX2 kernel yet) and once for the baseline target. They
+//! are tested against a scalar reference that reads the unpacked weights, exactly.
+//!
+//! # Safety
+//!
+//! The `#[target_feature]` functions run only through [`QuantIsa`], whose level is private to
+//! this module and is made only by [`QuantIsa::detect`] (after `is_x86_feature_detected!`
+//! confirmed every feature the level's functions enable), as the portable level, or by lowering
+//! a detected one. The VNNI kernel reads through raw pointers; it asserts at entry that the
+//! activation rows and the weight panel hold everything its loop reads.
+
+use rayon::prelude::*;
+
+/// Output columns of one packed weight panel: two AVX-512 registers of i32 accumulators.
+const PANEL: usize = 32;
+/// Rows whose accumulators a kernel call keeps in registers.
+const MR: usize = 8;
+/// The largest `k` quantized (see the module's note on overflow).
+const MAX_K: usize = 32_768;
+
+/// Instruction-set levels of the int8 kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+}
+
+/// The instruction set the int8 kernels run with; only ever as wide as the CPU supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QuantIsa(Level);
+
+impl QuantIsa {
+    /// The widest level this CPU runs.
+    pub(crate) fn detect() -> QuantIsa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx2")
+            {
+                return QuantIsa(Level::Avx512Vnni);
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return QuantIsa(Level::Avx2);
+            }
+        }
+        QuantIsa(Level::Portable)
+    }
+
+    /// Baseline code, valid on every CPU of the target.
+    pub(crate) fn portable() -> QuantIsa {
+        QuantIsa(Level::Portable)
+    }
+
+    /// This level, lowered to AVX2 if it is above it (never raised).
+    pub(crate) fn at_most_avx2(self) -> QuantIsa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            QuantIsa(self.0.min(Level::Avx2))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self
+        }
+    }
+
+    /// Whether the products run on VNNI (`vpdpbusd`): the only level faster than f32.
+    pub(crate) fn is_vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.0 == Level::Avx512Vnni
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// The level's name, for reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self.0 {
+            Level::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512Vnni => "avx512vnni",
+        }
+    }
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// A weight matrix `k × n` quantized per column and packed for the kernels.
+#[derive(Debug, Clone)]
+pub(crate) struct QuantizedMatrix {
+    k: usize,
+    n: usize,
+    /// `k` rounded up to whole groups of four.
+    kp: usize,
+    /// `n` rounded up to whole panels.
+    np: usize,
+    /// Panel `p`, group `g` of four `k` values, column `c`, value `t` at
+    /// `((p·kp/4 + g)·PANEL + c)·4 + t`; zero past `k` and past `n`.
+    packed: Vec<i8>,
+    /// `s_j` (np values, zero past n).
+    scales: Vec<f32>,
+    /// `Σ_k q_kj` (np values, zero past n).
+    col_sums: Vec<i32>,
+}
+
+impl QuantizedMatrix {
+    /// Quantizes `w_t`, the weights transposed (`k × n`, row-major: row `kk` holds the `kk`-th
+    /// input's weight for every output).
+    pub(crate) fn quantize(w_t: &[f32], k: usize, n: usize) -> candle_core::Result<Self> {
+        if w_t.len() != k * n {
+            candle_core::bail!("int8 weights: {} values for {k}×{n}", w_t.len());
+        }
+        if k > MAX_K {
+            candle_core::bail!("int8 weights: {k} inputs, at most {MAX_K} are supported");
+        }
+        if let Some(bad) = w_t.iter().find(|v| !v.is_finite()) {
+            candle_core::bail!("int8 weights: a weight is {bad}");
+        }
+        let kp = round_up(k.max(1), 4);
+        let np = round_up(n.max(1), PANEL);
+        let mut amax = vec![0f32; np];
+        for row in w_t.chunks_exact(n.max(1)) {
+            for (m, v) in amax.iter_mut().zip(row) {
+                *m = m.max(v.abs());
+            }
+        }
+        let scales: Vec<f32> = amax.iter().map(|&m| m / 127.0).collect();
+        let inv: Vec<f32> = scales
+            .iter()
+            .map(|&s| if s > 0.0 { 1.0 / s } else { 0.0 })
+            .collect();
+        let groups = kp / 4;
+        let mut packed = vec![0i8; np * kp];
+        let mut col_sums = vec![0i32; np];
+        for kk in 0..k {
+            let (g, t) = (kk / 4, kk % 4);
+            for j in 0..n {
+                let q = (w_t[kk * n + j] * inv[j])
+                    .round_ties_even()
+                    .clamp(-127.0, 127.0) as i8;
+                let (p, c) = (j / PANEL, j % PANEL);
+                packed[((p * groups + g) * PANEL + c) * 4 + t] = q;
+                col_sums[j] += q as i32;
+            }
+        }
+        Ok(Self {
+            k,
+            n,
+            kp,
+            np,
+            packed,
+            scales,
+            col_sums,
+        })
+    }
+
+    /// The quantized weight of input `kk` for output `j`.
+    #[cfg(test)]
+    fn weight(&self, kk: usize, j: usize) -> i8 {
+        let groups = self.kp / 4;
+        let (p, c) = (j / PANEL, j % PANEL);
+        self.packed[((p * groups + kk / 4) * PANEL + c) * 4 + kk % 4]
+    }
+
+    fn panel(&self, p: usize) -> &[i8] {
+        let len = self.kp * PANEL;
+        &self.packed[p * len..(p + 1) * len]
+    }
+}
+
+/// Quantizes a table of rows of `width` (an embedding table) to int8 with one symmetric scale
+/// per row: `row_i ≈ scales[i] · values[i]`.
+pub(crate) fn quantize_table_rows(
+    table: &[f32],
+    width: usize,
+) -> candle_core::Result<(Vec<i8>, Vec<f32>)> {
+    if width == 0 || !table.len().is_multiple_of(width) {
+        candle_core::bail!("int8 table: {} values in rows of {width}", table.len());
+    }
+    if let Some(bad) = table.iter().find(|v| !v.is_finite()) {
+        candle_core::bail!("int8 table: a value is {bad}");
+    }
+    let mut values = vec![0i8; table.len()];
+    let mut scales = Vec::with_capacity(table.len() / width);
+    for (row, out) in table
+        .chunks_exact(width)
+        .zip(values.chunks_exact_mut(width))
+    {
+        let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for (o, v) in out.iter_mut().zip(row) {
+            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+        scales.push(scale);
+    }
+    Ok((values, scales))
+}
+
+/// Rows of activations quantized to `u8`, each `kp` wide (zero-padded past `k`; the weights
+/// there are zero, so the padding adds nothing).
+#[derive(Debug, Clone)]
+struct QuantizedRows {
+    kp: usize,
+    data: Vec<u8>,
+    /// `a_i` per row.
+    scales: Vec<f32>,
+    /// `z_i` per row.
+    zeros: Vec<i32>,
+}
+
+impl QuantizedRows {
+    #[cfg(test)]
+    fn row(&self, i: usize) -> &[u8] {
+        &self.data[i * self.kp..(i + 1) * self.kp]
+    }
+}
+
+/// Lanes of the min/max scan (one AVX-512 register of f32).
+const LANES: usize = 16;
+
+/// Quantizes one row; inlined into every level's compiled copy, which all give the same
+/// integers: the rounding is the exact `x + 1.5·2^23 - 1.5·2^23` of IEEE round-to-nearest-even
+/// (values lie in [0, 255] by then), not a library call, so it vectorizes everywhere.
+#[inline(always)]
+fn quantize_row(x: &[f32], out: &mut [u8]) -> (f32, i32) {
+    const ROUND: f32 = 12_582_912.0;
+    let mut lo = [0f32; LANES];
+    let mut hi = [0f32; LANES];
+    // NaN in a lane if the row holds a NaN or an infinity (0 · inf is NaN).
+    let mut probe = [0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for t in 0..LANES {
+            lo[t] = if c[t] < lo[t] { c[t] } else { lo[t] };
+            hi[t] = if c[t] > hi[t] { c[t] } else { hi[t] };
+            probe[t] += c[t] * 0.0;
+        }
+    }
+    for &v in chunks.remainder() {
+        lo[0] = lo[0].min(v);
+        hi[0] = hi[0].max(v);
+        probe[0] += v * 0.0;
+    }
+    let lo = lo.iter().fold(0f32, |a, &b| a.min(b));
+    let hi = hi.iter().fold(0f32, |a, &b| a.max(b));
+    let range = hi - lo;
+    if probe.iter().any(|p| p.is_nan()) {
+        // A NaN or an infinity, which the f32 path would propagate: the row reads as zeros and
+        // its NaN scale carries the NaN into the output.
+        out.fill(0);
+        return (f32::NAN, 0);
+    }
+    if range == 0.0 {
+        out.fill(0);
+        return (0.0, 0);
+    }
+    let scale = range / 255.0;
+    let inv = 255.0 / range;
+    let zero = ((-lo * inv).clamp(0.0, 255.0) + ROUND) - ROUND;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (((v * inv + zero).clamp(0.0, 255.0) + ROUND) - ROUND) as u8;
+    }
+    out[x.len()..].fill(zero as u8);
+    (scale, zero as i32)
+}
+
+/// One row at `isa`'s level.
+fn quantize_row_at(isa: QuantIsa, x: &[f32], out: &mut [u8]) -> (f32, i32) {
+    match isa.0 {
+        // SAFETY: as in `block`.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512Vnni => unsafe { x86::quantize_row_avx512(x, out) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::quantize_row_avx2(x, out) },
+        Level::Portable => quantize_row(x, out),
+    }
+}
+
+/// Quantizes the rows of `x` (`m × k`) into rows of `kp`.
+fn quantize_rows(isa: QuantIsa, x: &[f32], k: usize, kp: usize) -> QuantizedRows {
+    let m = x.len() / k.max(1);
+    let mut data = vec![0u8; m * kp];
+    let mut scales = vec![0f32; m];
+    let mut zeros = vec![0i32; m];
+    data.par_chunks_mut(kp)
+        .zip(scales.par_iter_mut().zip(zeros.par_iter_mut()))
+        .enumerate()
+        .with_min_len(16)
+        .for_each(|(i, (out, (s, z)))| {
+            (*s, *z) = quantize_row_at(isa, &x[i * k..(i + 1) * k], out);
+        });
+    QuantizedRows {
+        kp,
+        data,
+        scales,
+        zeros,
+    }
+}
+
+/// One register block: `out[r][c] = Σ_kk a[r·stride + kk] · panel(kk, c)` for `rows` rows.
+type Block = [[i32; PANEL]; MR];
+
+/// The portable kernel, plain Rust; also compiled with AVX2 enabled.
+#[inline(always)]
+fn block_generic(a: &[u8], stride: usize, rows: usize, panel: &[i8], kp: usize, out: &mut Block) {
+    for (r, acc) in out.iter_mut().enumerate().take(rows) {
+        *acc = [0; PANEL];
+        let row = &a[r * stride..r * stride + kp];
+        for (a4, w) in row.chunks_exact(4).zip(panel.chunks_exact(4 * PANEL)) {
+            for (c, w4) in w.chunks_exact(4).enumerate() {
+                let mut s = 0i32;
+                for t in 0..4 {
+                    s += a4[t] as i32 * w4[t] as i32;
+                }
+                acc[c] += s;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{Block, MR, PANEL};
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn quantize_row_avx512(x: &[f32], out: &mut [u8]) -> (f32, i32) {
+        super::quantize_row(x, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_row_avx2(x: &[f32], out: &mut [u8]) -> (f32, i32) {
+        super::quantize_row(x, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn block_avx2(
+        a: &[u8],
+        stride: usize,
+        rows: usize,
+        panel: &[i8],
+        kp: usize,
+        out: &mut Block,
+    ) {
+        super::block_generic(a, stride, rows, panel, kp, out)
+    }
+
+    /// The VNNI kernel for `R` rows: per group of four `k` values, two 64-byte weight loads, one
+    /// broadcast of four activation bytes per row, and 2·R `vpdpbusd`.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 VNNI must be available. The bounds are asserted.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn block_vnni_rows<const R: usize>(
+        a: &[u8],
+        stride: usize,
+        panel: &[i8],
+        kp: usize,
+        out: &mut Block,
+    ) {
+        assert!((1..=MR).contains(&R) && kp.is_multiple_of(4));
+        assert!(a.len() >= (R - 1) * stride + kp && panel.len() >= kp * PANEL);
+        let mut acc = [[_mm512_setzero_si512(); 2]; R];
+        let mut w = panel.as_ptr();
+        let base = a.as_ptr();
+        for g in 0..kp / 4 {
+            // SAFETY: group g reads panel[g·128 .. g·128 + 128] and, in row r,
+            // a[r·stride + 4g .. + 4], inside the slices by the assertions above.
+            let w0 = _mm512_loadu_si512(w as *const __m512i);
+            let w1 = _mm512_loadu_si512(w.add(64) as *const __m512i);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a4 = (base.add(r * stride + 4 * g) as *const i32).read_unaligned();
+                let av = _mm512_set1_epi32(a4);
+                acc[0] = _mm512_dpbusd_epi32(acc[0], av, w0);
+                acc[1] = _mm512_dpbusd_epi32(acc[1], av, w1);
+            }
+            w = w.add(4 * PANEL);
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            // SAFETY: out[r] holds PANEL = 32 i32, two registers' worth.
+            let dst = out[r].as_mut_ptr() as *mut __m512i;
+            _mm512_storeu_si512(dst, acc[0]);
+            _mm512_storeu_si512(dst.add(1), acc[1]);
+        }
+    }
+
+    /// [`block_vnni_rows`] for `rows` (1 to [`MR`]) rows.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 VNNI must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn block_vnni(
+        a: &[u8],
+        stride: usize,
+        rows: usize,
+        panel: &[i8],
+        kp: usize,
+        out: &mut Block,
+    ) {
+        match rows {
+            1 => block_vnni_rows::<1>(a, stride, panel, kp, out),
+            2 => block_vnni_rows::<2>(a, stride, panel, kp, out),
+            3 => block_vnni_rows::<3>(a, stride, panel, kp, out),
+            4 => block_vnni_rows::<4>(a, stride, panel, kp, out),
+            5 => block_vnni_rows::<5>(a, stride, panel, kp, out),
+            6 => block_vnni_rows::<6>(a, stride, panel, kp, out),
+            7 => block_vnni_rows::<7>(a, stride, panel, kp, out),
+            _ => block_vnni_rows::<8>(a, stride, panel, kp, out),
+        }
+    }
+}
+
+/// One register block at `isa`'s level.
+fn block(
+    isa: QuantIsa,
+    a: &[u8],
+    stride: usize,
+    rows: usize,
+    panel: &[i8],
+    kp: usize,
+    out: &mut Block,
+) {
+    debug_assert!((1..=MR).contains(&rows));
+    match isa.0 {
+        // SAFETY: a `QuantIsa` at these levels exists only where detection confirmed the
+        // features (see the module's invariants).
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512Vnni => unsafe { x86::block_vnni(a, stride, rows, panel, kp, out) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::block_avx2(a, stride, rows, panel, kp, out) },
+        Level::Portable => block_generic(a, stride, rows, panel, kp, out),
+    }
+}
+
+/// Runs the kernels over all rows and panels, in parallel over blocks of output rows, and hands
+/// each register block's accumulators to `emit(output rows of the task, index in `a` of the
+/// task's first row, first row of the block within the task, first column, block, rows)`.
+fn drive<T: Send>(
+    isa: QuantIsa,
+    a: &QuantizedRows,
+    w: &QuantizedMatrix,
+    out: &mut [T],
+    emit: impl Fn(&mut [T], usize, usize, usize, &Block, usize) + Sync,
+) {
+    let n = w.n;
+    let m = a.scales.len();
+    assert!(out.len() == m * n && a.kp == w.kp);
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Enough tasks for every thread, each a whole number of register blocks and no more than
+    // 64 rows, so that a task's activations stay in L2 while every panel passes by.
+    let threads = rayon::current_num_threads().max(1);
+    let rows_per_task = round_up(m.div_ceil(4 * threads), MR).clamp(MR, 64);
+    out.par_chunks_mut(rows_per_task * n)
+        .enumerate()
+        .for_each(|(t, out)| {
+            let first = t * rows_per_task;
+            let rows = out.len() / n;
+            let mut acc: Block = [[0; PANEL]; MR];
+            for p in 0..w.np / PANEL {
+                let panel = w.panel(p);
+                for r0 in (0..rows).step_by(MR) {
+                    let mr = MR.min(rows - r0);
+                    let start = (first + r0) * a.kp;
+                    let src = &a.data[start..start + mr * a.kp];
+                    block(isa, src, a.kp, mr, panel, a.kp, &mut acc);
+                    emit(out, first, r0, p * PANEL, &acc, mr);
+                }
+            }
+        });
+}
+
+/// `dst (m × n) += x (m × k) · W`, with `x` quantized per row here and `W` quantized at load.
+pub(crate) fn gemm_int8(isa: QuantIsa, dst: &mut [f32], x: &[f32], w: &QuantizedMatrix) {
+    let (k, n) = (w.k, w.n);
+    assert!(k > 0 && x.len().is_multiple_of(k) && dst.len() == x.len() / k * n);
+    let a = quantize_rows(isa, x, k, w.kp);
+    drive(isa, &a, w, dst, |out, first, r0, j0, acc, rows| {
+        let width = PANEL.min(n - j0);
+        let scales = &w.scales[j0..j0 + width];
+        let sums = &w.col_sums[j0..j0 + width];
+        for (r, acc) in acc.iter().enumerate().take(rows) {
+            let (sa, z) = (a.scales[first + r0 + r], a.zeros[first + r0 + r]);
+            let o = &mut out[(r0 + r) * n + j0..(r0 + r) * n + j0 + width];
+            for (((o, &acc), &sw), &sum) in o.iter_mut().zip(acc).zip(scales).zip(sums) {
+                *o += sa * sw * (acc - z * sum) as f32;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every level this CPU runs.
+    fn levels() -> Vec<QuantIsa> {
+        let best = QuantIsa::detect();
+        let mut out = vec![best];
+        for isa in [best.at_most_avx2(), QuantIsa::portable()] {
+            if !out.contains(&isa) {
+                out.push(isa);
+            }
+        }
+        out
+    }
+
+    /// A deterministic pseudo-random stream (no rand dependency in the library's tests).
+    fn values(seed: u64, len: usize, scale: f32) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..len)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Sum of four uniforms: roughly normal, as activations and weights are.
+                let u: f32 = (0..4)
+                    .map(|i| ((s >> (16 * i)) & 0xffff) as f32 / 65535.0 - 0.5)
+                    .sum();
+                u * scale
+            })
+            .collect()
+    }
+
+    /// `Σ_kk u_ik · q_kj` from the unpacked weights: the exact integers every kernel must give.
+    fn reference(a: &QuantizedRows, w: &QuantizedMatrix) -> Vec<i32> {
+        let m = a.scales.len();
+        let mut out = vec![0i32; m * w.n];
+        for i in 0..m {
+            for j in 0..w.n {
+                out[i * w.n + j] = (0..w.k)
+                    .map(|kk| a.row(i)[kk] as i32 * w.weight(kk, j) as i32)
+                    .sum();
+            }
+        }
+        out
+    }
+
+    fn accumulate(isa: QuantIsa, a: &QuantizedRows, w: &QuantizedMatrix) -> Vec<i32> {
+        let n = w.n;
+        let mut out = vec![0i32; a.scales.len() * n];
+        drive(isa, a, w, &mut out, |out, _, r0, j0, acc, rows| {
+            let width = PANEL.min(n - j0);
+            for (r, acc) in acc.iter().enumerate().take(rows) {
+                out[(r0 + r) * n + j0..(r0 + r) * n + j0 + width].copy_from_slice(&acc[..width]);
+            }
+        });
+        out
+    }
+
+    /// Tails everywhere (rows not a multiple of the register block, inputs not a multiple of
+    /// four, outputs not a multiple of the panel) crossed with each other, and the MiniLM
+    /// widths.
+    fn shapes() -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        for m in [1, 3, 9, 17] {
+            for k in [1, 5, 6, 33] {
+                for n in [1, 7, 31, 65] {
+                    out.push((m, k, n));
+                }
+            }
+        }
+        out.extend([(70, 384, 1152), (13, 1536, 384), (130, 384, 384)]);
+        out
+    }
+
+    #[test]
+    fn every_kernel_gives_the_exact_integers_of_the_reference() {
+        for (s, &(m, k, n)) in shapes().iter().enumerate() {
+            let w = QuantizedMatrix::quantize(&values(s as u64, k * n, 0.2), k, n).unwrap();
+            let mut x = values(100 + s as u64, m * k, 3.0);
+            // A row of zeros and a row of one sign: the zero point's two extremes.
+            x[..k].fill(0.0);
+            if m > 2 {
+                for v in &mut x[k..2 * k] {
+                    *v = v.abs() + 0.5;
+                }
+            }
+            let a = quantize_rows(QuantIsa::portable(), &x, k, w.kp);
+            // The largest code occurs (the top of some row's range), so the products reach
+            // their extreme.
+            assert!(m == 1 || a.data.contains(&255));
+            let want = reference(&a, &w);
+            for isa in levels() {
+                let again = quantize_rows(isa, &x, k, w.kp);
+                assert_eq!(again.data, a.data, "{} {m}x{k}", isa.name());
+                assert_eq!(again.zeros, a.zeros);
+                assert_eq!(again.scales, a.scales);
+                assert_eq!(accumulate(isa, &a, &w), want, "{} {m}x{k}x{n}", isa.name());
+            }
+        }
+    }
+
+    #[test]
+    fn rows_quantize_within_half_a_step_and_carry_nan() {
+        for k in [1, 15, 16, 17, 384] {
+            let mut x = values(k as u64, 3 * k, 2.0);
+            x[k..2 * k].iter_mut().for_each(|v| *v = v.abs());
+            for isa in levels() {
+                let a = quantize_rows(isa, &x, k, round_up(k, 4));
+                for i in 0..3 {
+                    let (s, z) = (a.scales[i], a.zeros[i]);
+                    assert!((0..=255).contains(&z));
+                    for (kk, &v) in x[i * k..(i + 1) * k].iter().enumerate() {
+                        let back = s * (a.row(i)[kk] as i32 - z) as f32;
+                        assert!((back - v).abs() <= 0.5 * s * 1.001, "{k}: {v} -> {back}");
+                    }
+                }
+            }
+        }
+        let mut x = vec![1.0f32; 40];
+        x[33] = f32::NAN;
+        for isa in levels() {
+            let a = quantize_rows(isa, &x, 40, 40);
+            assert!(a.scales[0].is_nan(), "{}", isa.name());
+            let zeros = quantize_rows(isa, &[0.0; 8], 8, 8);
+            assert_eq!((zeros.scales[0], zeros.zeros[0]), (0.0, 0));
+        }
+    }
+
+    #[test]
+    fn extreme_values_do_not_overflow() {
+        // Every product at its largest (255 · 127 or 255 · -127) over the largest k.
+        let (m, k, n) = (3, MAX_K, 33);
+        let w_t: Vec<f32> = (0..k * n)
+            .map(|i| if (i % n) % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let w = QuantizedMatrix::quantize(&w_t, k, n).unwrap();
+        let a = QuantizedRows {
+            kp: w.kp,
+            data: vec![255; m * w.kp],
+            scales: vec![1.0; m],
+            zeros: vec![0; m],
+        };
+        let want = 255 * 127 * k as i32;
+        for isa in levels() {
+            let got = accumulate(isa, &a, &w);
+            for (j, g) in got[..n].iter().enumerate() {
+                assert_eq!(*g, if j % 2 == 0 { want } else { -want }, "{}", isa.name());
+            }
+        }
+        let err = QuantizedMatrix::quantize(&vec![0.0; (MAX_K + 1) * 2], MAX_K + 1, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 32768"), "{err}");
+    }
+
+    #[test]
+    fn the_dequantized_product_is_close_to_f32() {
+        for (s, &(m, k, n)) in shapes().iter().enumerate() {
+            let w_t = values(s as u64, k * n, 0.2);
+            let x = values(200 + s as u64, m * k, 3.0);
+            let mut want = vec![0f64; m * n];
+            for i in 0..m {
+                for kk in 0..k {
+                    let xv = x[i * k + kk] as f64;
+                    for j in 0..n {
+                        want[i * n + j] += xv * w_t[kk * n + j] as f64;
+                    }
+                }
+            }
+            let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
+            let w = QuantizedMatrix::quantize(&w_t, k, n).unwrap();
+            for isa in levels() {
+                // Preloaded output, as the bias and residual are.
+                let mut got = vec![1.0f32; m * n];
+                gemm_int8(isa, &mut got, &x, &w);
+                let err = (got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| (*g as f64 - 1.0 - w).powi(2))
+                    .sum::<f64>()
+                    / want.len() as f64)
+                    .sqrt();
+                // Two 8-bit roundings of near-normal values: about 1% of the output's RMS.
+                assert!(
+                    err < 0.03 * rms,
+                    "{} {m}x{k}x{n}: rms error {err} of {rms}",
+                    isa.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_weights_are_errors() {
+        let err = QuantizedMatrix::quantize(&[1.0, f32::NAN], 1, 2).unwrap_err();
+        assert!(err.to_string().contains("a weight is NaN"), "{err}");
+        assert!(QuantizedMatrix::quantize(&[1.0; 3], 2, 2).is_err());
+    }
+
+    #[test]
+    fn levels_are_never_raised() {
+        assert_eq!(QuantIsa::portable().at_most_avx2(), QuantIsa::portable());
+        assert_ne!(QuantIsa::detect().at_most_avx2().name(), "avx512vnni");
+    }
+}
