@@ -262,7 +262,8 @@ impl McpToolProvider {
         S: AsRef<std::ffi::OsStr>,
     {
         let mut process = tokio::process::Command::new(command);
-        process.args(args);
+        // A server that never answers must not outlive the provider that gave up on it.
+        process.args(args).kill_on_drop(true);
         let server = command.to_owned();
         let connect_error = |message: String| McpError::Connect {
             server: server.clone(),
