@@ -487,3 +487,138 @@ fn mcp_options_are_checked_with_a_one_line_error() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Answers one chat completion on loopback and returns the request's header lines.
+fn header_recording_llm() -> (String, std::sync::mpsc::Receiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let (mut head, mut length) = (String::new(), 0);
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim_end().is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+            head.push_str(&line);
+        }
+        let mut body = vec![0; length];
+        let _ = reader.read_exact(&mut body);
+        let reply = answer("hello").to_string();
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+            reply.len()
+        );
+        let _ = tx.send(head);
+    });
+    (url, rx)
+}
+
+#[test]
+fn the_serve_key_in_decide_api_key_never_reaches_the_llm_server() {
+    let (url, headers) = header_recording_llm();
+    let out = Command::new(env!("CARGO_BIN_EXE_decide"))
+        .current_dir(root())
+        .args(["chat", "--base-url", &url, "--chat-model", "m"])
+        .env_remove("DECIDE_BASE_URL")
+        .env_remove("DECIDE_LLM_API_KEY")
+        .env("DECIDE_API_KEY", "serve-only-secret")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(b"hi\n")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let head = headers
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .unwrap();
+    assert!(!head.contains("serve-only-secret"), "{head}");
+}
+
+/// Whether a process whose command line holds `needle` is running.
+fn running(needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        std::fs::read(entry.path().join("cmdline"))
+            .map(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
+            .unwrap_or(false)
+    })
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn an_mcp_server_that_never_answers_is_stopped_after_the_default_start_timeout() {
+    // A number no other process carries, so the check below finds only this test's child.
+    let seconds = format!("{}.5", 100_000 + std::process::id());
+    let command = format!("sleep {seconds}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
+        .current_dir(root())
+        .args([
+            "chat",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--chat-model",
+            "m",
+            "--mcp",
+            &command,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    for _ in 0..450 {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let status = status.expect("decide chat still waiting 45 s later");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("did not start and list its tools within 15 s"),
+        "{err}"
+    );
+    let mut orphaned = running(&command);
+    for _ in 0..50 {
+        if !orphaned {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        orphaned = running(&command);
+    }
+    assert!(!orphaned, "the MCP server outlived decide chat");
+}

@@ -1572,3 +1572,198 @@ fn rerank_rescores_only_the_shortlist() {
     ]);
     assert_one_line_error(&o, "--rerank no-such-model");
 }
+
+/// Runs `decide` with `args` and `input` on its standard input (a pipe).
+fn decide_with_stdin(args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_decide"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("DECIDE_MODEL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn score_reads_cases_from_a_pipe() {
+    let cases = concat!(
+        r#"{"id":"a","messages":[{"role":"user","content":"will it snow in Oslo?"}]}"#,
+        "\n",
+        r#"{"id":"b","messages":[{"role":"user","content":"mail the notes to Bob"}]}"#,
+        "\n",
+    );
+    let o = decide_with_stdin(
+        &[
+            "score",
+            "--data",
+            "/dev/stdin",
+            "--tools",
+            "examples/tools-openai.json",
+        ],
+        cases,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].to_string())
+        .collect();
+    assert_eq!(ids, ["\"a\"", "\"b\""]);
+}
+
+#[test]
+fn trace_logging_never_shows_the_request_text() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_decide"))
+        .args([
+            "select",
+            "--tools",
+            "examples/tools.json",
+            "Quokkaberry please email the report",
+        ])
+        .current_dir(root())
+        .env_remove("DECIDE_MODEL")
+        .env("DECIDE_LOG", "trace")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log = stderr(&o);
+    assert!(
+        log.contains("TRACE") || log.contains("DEBUG"),
+        "no log at all"
+    );
+    // The tokenizer's trace events spelt the text out a character at a time.
+    assert!(
+        !log.contains("tokenizers"),
+        "{}",
+        &log[..log.len().min(2000)]
+    );
+    assert!(!log.to_lowercase().contains("quokkaberry"));
+}
+
+#[test]
+fn terminal_escapes_in_tool_names_are_not_printed_raw() {
+    let t = TempDir::new("escapes");
+    let tools = t.file(
+        "tools.json",
+        r#"[{"name": "wipe\u001b[2J\u001b]0;owned\u0007", "description": "send an email"},
+            {"name": "weather", "description": "the forecast"}]"#,
+    );
+    let o = decide(&["select", "--tools", &tools, "email Bob the report"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+    assert!(out.contains("wipe\\u{1b}[2J"), "{out}");
+}
+
+#[test]
+fn always_include_must_name_a_tool() {
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--always-include",
+        "get_forecast,no_such_tool",
+        "hello",
+    ]);
+    assert_one_line_error(&o, "--always-include: no tool is named \"no_such_tool\"");
+}
+
+#[test]
+fn a_blank_user_message_is_refused_like_a_blank_text() {
+    let t = TempDir::new("blank");
+    let messages = t.file(
+        "conversation.json",
+        r#"[{"role":"user","content":"what is the weather?"},{"role":"assistant","content":"where?"},{"role":"user","content":"   "}]"#,
+    );
+    let o = decide(&[
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--messages",
+        &messages,
+    ]);
+    assert_one_line_error(&o, "the last user message is blank");
+    assert_one_line_error(
+        &decide(&["select", "--tools", "examples/tools.json", "  "]),
+        "TEXT: empty message",
+    );
+}
+
+/// The default model's folder copied to `t`, with `change` applied to the weights' bytes and
+/// `manifest` to the manifest's text.
+fn altered_model(
+    t: &TempDir,
+    change: impl Fn(&mut Vec<u8>),
+    manifest: impl Fn(String) -> String,
+) -> String {
+    let src = root().join("models/decide-tools-minilm");
+    std::fs::create_dir_all(t.0.join("1_Pooling")).unwrap();
+    for entry in walk(&src) {
+        let name = entry.strip_prefix(&src).unwrap();
+        std::fs::copy(&entry, t.0.join(name)).unwrap();
+    }
+    let weights = t.0.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    change(&mut bytes);
+    std::fs::write(&weights, bytes).unwrap();
+    let path = t.0.join("manifest.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, manifest(text)).unwrap();
+    t.0.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_corrupted_model_is_refused_not_answered() {
+    // Bytes overwritten in the weights: the manifest's sha256 no longer matches.
+    let t = TempDir::new("corrupt");
+    let dir = altered_model(
+        &t,
+        |bytes| {
+            let middle = bytes.len() / 2;
+            bytes[middle..middle + 4096].fill(0x5a);
+        },
+        |m| m,
+    );
+    let o = decide(&[
+        "--model",
+        &dir,
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "email Bob",
+    ]);
+    assert_one_line_error(&o, "model.safetensors: sha256");
+    // NaN weights in a folder whose manifest lists no checksum for them: the outputs say so.
+    let t = TempDir::new("nan");
+    let dir = altered_model(
+        &t,
+        |bytes| {
+            let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            bytes[8 + header..].fill(0xff);
+        },
+        |m| {
+            m.lines()
+                .filter(|l| !l.starts_with("\"model.safetensors\""))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    let o = decide(&[
+        "--model",
+        &dir,
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "email Bob",
+    ]);
+    assert_one_line_error(&o, "NaN or infinite outputs");
+}

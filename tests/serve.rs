@@ -537,3 +537,339 @@ fn serve_answers_the_providers_client_executed_tool_search_in_their_sdk_types() 
     eprintln!("{stdout}");
     server.stop();
 }
+
+/// Sends `request` as is on a new connection and reads the whole response (the server closes
+/// the connection: requests send `Connection: close`).
+fn exchange(base: &str, request: &str) -> String {
+    let host = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// A POST of `body` to `path` with the given extra header lines (each ending in `\r\n`).
+fn post_raw(base: &str, path: &str, headers: &str, body: &str) -> String {
+    exchange(
+        base,
+        &format!(
+            "POST {path} HTTP/1.1\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+const ROUTE_BODY: &str = r#"{"text": "write a Rust function", "routes": [{"name": "code", "description": "programming"}, {"name": "chat", "description": "small talk"}], "default": "chat"}"#;
+
+#[test]
+fn serve_refuses_other_hosts_other_web_pages_and_bodies_not_sent_as_json() {
+    let mut server = Server::start(&["--allowed-origins", "https://app.example"]);
+    let host = server.base.trim_start_matches("http://").to_string();
+    let port = host.rsplit(':').next().unwrap().to_string();
+    let json = "Content-Type: application/json\r\n";
+    let ok = post_raw(
+        &server.base,
+        "/v1/route",
+        &format!("Host: {host}\r\n{json}"),
+        ROUTE_BODY,
+    );
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let by_name = post_raw(
+        &server.base,
+        "/v1/route",
+        &format!("Host: localhost:{port}\r\n{json}"),
+        ROUTE_BODY,
+    );
+    assert!(by_name.starts_with("HTTP/1.1 200"), "{by_name}");
+    // DNS rebinding: a page's own name that resolves to this machine.
+    let rebound = post_raw(
+        &server.base,
+        "/v1/route",
+        &format!("Host: attacker.example:{port}\r\n{json}"),
+        ROUTE_BODY,
+    );
+    assert!(rebound.starts_with("HTTP/1.1 403"), "{rebound}");
+    assert!(rebound.contains("--allowed-hosts"), "{rebound}");
+    // A form or text/plain body needs no CORS preflight, so any page could send one.
+    let plain = post_raw(
+        &server.base,
+        "/v1/route",
+        &format!("Host: {host}\r\nContent-Type: text/plain\r\n"),
+        ROUTE_BODY,
+    );
+    assert!(plain.starts_with("HTTP/1.1 415"), "{plain}");
+    let other_page = post_raw(
+        &server.base,
+        "/v1/route",
+        &format!("Host: {host}\r\nOrigin: https://evil.example\r\n{json}"),
+        ROUTE_BODY,
+    );
+    assert!(other_page.starts_with("HTTP/1.1 403"), "{other_page}");
+    assert!(
+        !other_page.contains("access-control-allow-origin"),
+        "{other_page}"
+    );
+    // The configured origin gets its preflight and its answers with CORS headers.
+    let preflight = exchange(
+        &server.base,
+        &format!(
+            "OPTIONS /v1/route HTTP/1.1\r\nHost: {host}\r\nOrigin: https://app.example\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    assert!(preflight.starts_with("HTTP/1.1 204"), "{preflight}");
+    assert!(
+        preflight.contains("access-control-allow-origin: https://app.example"),
+        "{preflight}"
+    );
+    let allowed = post_raw(
+        &server.base,
+        "/v1/route",
+        &format!("Host: {host}\r\nOrigin: https://app.example\r\n{json}"),
+        ROUTE_BODY,
+    );
+    assert!(allowed.starts_with("HTTP/1.1 200"), "{allowed}");
+    assert!(
+        allowed.contains("access-control-allow-origin: https://app.example"),
+        "{allowed}"
+    );
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status}: {rest}");
+}
+
+#[test]
+fn serve_refuses_an_empty_api_key_and_timeouts_it_cannot_hold() {
+    for args in [
+        &["--api-key", ""][..],
+        &["--timeout", "2e19"],
+        &["--read-timeout", "inf"],
+        &["--shutdown-timeout", "0"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut status = None;
+        for _ in 0..300 {
+            status = child.try_wait().unwrap();
+            if status.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if status.is_none() {
+            let _ = child.kill();
+        }
+        let status = status.unwrap_or_else(|| panic!("{args:?}: serving instead of refusing"));
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("error: {}", args[0])),
+            "{stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+}
+
+/// Reads until the server closes the connection or `limit` passes: whether it closed.
+fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut sink = Vec::new();
+    stream.read_to_end(&mut sink).is_ok()
+}
+
+#[test]
+fn serve_closes_silent_connections_caps_them_and_stops_past_its_shutdown_deadline() {
+    let mut server = Server::start(&["--read-timeout", "1"]);
+    let host = server.base.trim_start_matches("http://").to_string();
+    // A connection that sends nothing, then one that sends half its headers: both closed.
+    let mut silent = TcpStream::connect(&host).unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(30)));
+    let mut slow = TcpStream::connect(&host).unwrap();
+    write!(slow, "GET /health HTTP/1.1\r\nHost: {host}\r\n").unwrap();
+    assert!(closed_within(&mut slow, Duration::from_secs(30)));
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status}: {rest}");
+
+    let mut server = Server::start(&[
+        "--read-timeout",
+        "600",
+        "--max-connections",
+        "1",
+        "--shutdown-timeout",
+        "1",
+    ]);
+    let host = server.base.trim_start_matches("http://").to_string();
+    // At the cap, a new connection is not served until the one open closes.
+    let mut holder = TcpStream::connect(&host).unwrap();
+    write!(holder, "GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut first = [0u8; 12];
+    holder.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let mut waiting = TcpStream::connect(&host).unwrap();
+    write!(
+        waiting,
+        "GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(
+        waiting.read(&mut byte).is_err(),
+        "answered past the connection cap"
+    );
+    drop(holder);
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut response = String::new();
+    waiting.read_to_string(&mut response).unwrap();
+    assert!(response.contains("200 OK"), "{response}");
+
+    // A request whose body never completes does not hold SIGTERM past the shutdown deadline.
+    let mut stalled = TcpStream::connect(&host).unwrap();
+    write!(
+        stalled,
+        "POST /v1/route HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"text\""
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let mut exited = None;
+    for _ in 0..300 {
+        exited = server.child.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = exited.expect("still running 30 s after SIGTERM");
+    assert!(status.success(), "{status}");
+}
+
+/// A counter or gauge of the `/metrics` text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `count` tools with long descriptions, each distinct (no cached embedding helps).
+fn heavy_tools(count: usize, tag: &str) -> String {
+    let tools: Vec<serde_json::Value> = (0..count)
+        .map(|i| {
+            let words: Vec<String> = (0..300).map(|w| format!("{tag}{i}w{w}")).collect();
+            serde_json::json!({"name": format!("tool_{i}"), "description": words.join(" ")})
+        })
+        .collect();
+    serde_json::json!({"text": "which tools do I need", "tools": tools}).to_string()
+}
+
+#[test]
+fn a_request_past_its_deadline_stops_running() {
+    let mut server = Server::start(&["--timeout", "0.3", "--max-concurrent-requests", "1"]);
+    let host = server.base.trim_start_matches("http://").to_string();
+    let headers = format!("Host: {host}\r\nContent-Type: application/json\r\n");
+    let body = heavy_tools(255, "a");
+    let late = post_raw(&server.base, "/v1/select", &headers, &body);
+    assert!(late.starts_with("HTTP/1.1 504"), "{late}");
+    // The rows not yet run when the deadline passed are dropped from the queue, not run.
+    let mut text = String::new();
+    for _ in 0..600 {
+        text = get(&server.base, "/metrics").1;
+        if metric(&text, "decide_rows_cancelled_total") > 0.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        metric(&text, "decide_rows_cancelled_total") > 0.0,
+        "no row dropped: {text}"
+    );
+    assert!(metric(&text, "decide_batch_rows_sum") < 256.0, "{text}");
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status}: {rest}");
+}
+
+/// The resident set of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A burst of large requests (tool descriptions of almost the whole 2 MiB body, new texts each
+/// time) leaves the server's memory near its idle size: what is tokenized is bounded by what the
+/// model reads, the embedding cache is bounded in bytes, and freed memory goes back.
+#[cfg(target_os = "linux")]
+#[test]
+fn memory_returns_near_idle_after_a_burst_of_large_requests() {
+    let mut server = Server::start(&[]);
+    let pid = server.child.id();
+    let host = server.base.trim_start_matches("http://").to_string();
+    let headers = format!("Host: {host}\r\nContent-Type: application/json\r\n");
+    let small = post_raw(&server.base, "/v1/route", &headers, ROUTE_BODY);
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    let idle = rss(pid);
+    let large = |i: usize| {
+        let description = format!("tool{i} ").repeat(1_900_000 / 7);
+        serde_json::json!({"text": "which tool", "tools": [{"name": "big", "description": description}]})
+            .to_string()
+    };
+    let mut peak = idle;
+    for round in 0..3 {
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                let (base, headers, body) =
+                    (server.base.clone(), headers.clone(), large(round * 4 + c));
+                std::thread::spawn(move || post_raw(&base, "/v1/select", &headers, &body))
+            })
+            .collect();
+        for c in clients {
+            let response = c.join().unwrap();
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        }
+        peak = peak.max(rss(pid));
+    }
+    let near_idle = idle + 100 * 1024 * 1024;
+    let mut now = rss(pid);
+    for _ in 0..300 {
+        if now <= near_idle {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        now = rss(pid);
+    }
+    assert!(
+        now <= near_idle,
+        "resident {} MB 30 s after the burst (idle {} MB, peak {} MB)",
+        now >> 20,
+        idle >> 20,
+        peak >> 20
+    );
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status}: {rest}");
+}

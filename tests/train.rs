@@ -265,3 +265,58 @@ fn a_cross_encoder_trains_from_the_default_bi_encoder_and_reranks_its_shortlist(
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("'tri-encoder' is not a head"));
 }
+
+#[test]
+fn training_to_a_dotted_name_keeps_the_users_files_beside_it() {
+    let t = TempDir::new("dotted");
+    let tools = t.file("tools.json", TOOLS);
+    let data = t.file(
+        "train.jsonl",
+        [
+            case("t1", "will it rain tomorrow in Oslo", &["weather"]),
+            case("t2", "write to Anna about the invoice", &["email"]),
+            case("t3", "thanks, that is all", &[]),
+        ]
+        .concat(),
+    );
+    // What `--out model.v2` once took for its scratch names, and deleted.
+    std::fs::create_dir_all(t.0.join("model.partial")).unwrap();
+    let kept = t.file("model.partial/notes.txt", "mine");
+    let spool = t.file("model.spool", "also mine");
+    let out = t.path("model.v2");
+    let o = decide(&[
+        "train",
+        "--base",
+        &fixture(),
+        "--data",
+        &data,
+        "--tools",
+        &tools,
+        "--out",
+        &out,
+        "--epochs",
+        "1",
+        "--max-length",
+        "32",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "mine");
+    assert_eq!(std::fs::read_to_string(&spool).unwrap(), "also mine");
+    assert!(Path::new(&out).join("model.safetensors").is_file());
+    // Nothing of the run's own is left beside --out.
+    let mut names: Vec<String> = std::fs::read_dir(&t.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "model.partial",
+            "model.spool",
+            "model.v2",
+            "tools.json",
+            "train.jsonl"
+        ]
+    );
+}

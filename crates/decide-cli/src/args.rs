@@ -62,10 +62,19 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
 impl Global {
     /// Loads the engine these options name.
     pub fn engine(&self, allow_uncalibrated: bool) -> anyhow::Result<Engine> {
+        self.engine_with(allow_uncalibrated, |b| b)
+    }
+
+    /// [`engine`](Self::engine) with further settings of the builder (a command's own).
+    pub fn engine_with(
+        &self,
+        allow_uncalibrated: bool,
+        more: impl FnOnce(decide_engine::EngineBuilder) -> decide_engine::EngineBuilder,
+    ) -> anyhow::Result<Engine> {
         if self.model == decide_engine::BM25_MODEL_NAME {
             anyhow::bail!("--model bm25: this command needs a neural model");
         }
-        let mut builder = Engine::builder();
+        let mut builder = more(Engine::builder());
         if let Some(w) = self.lexical_weight {
             builder = builder.lexical_weight(w);
         }
@@ -372,6 +381,29 @@ pub struct ServeArgs {
     /// Options per choice question (and tools or routes per request).
     #[arg(long, default_value_t = 255)]
     pub max_options: usize,
+    /// Host names accepted in the Host header besides the bound address and the loopback names
+    /// (repeat or separate with commas; `*` accepts any). Others get 403: a web page cannot
+    /// reach the server by a name of its own that resolves here (DNS rebinding).
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
+    /// Web origins (`https://app.example`) whose pages may call the server, answered with CORS
+    /// headers; requests from any other web page get 403.
+    #[arg(long, value_delimiter = ',', value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
+    /// Seconds a client may take to send a request's headers, and then its body; idle
+    /// connections are closed after it too.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub read_timeout: f64,
+    /// Open connections at once; past it, new ones wait until one closes.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Memory for cached tool embeddings, in MiB, the texts counted (each stored once); the
+    /// oldest go first. Bounds what many distinct large tool lists can make the server keep.
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    pub cache_mb: usize,
+    /// Seconds requests in flight may take after SIGTERM before their connections are dropped.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub shutdown_timeout: f64,
 }
 
 #[derive(Args, Debug)]
@@ -382,8 +414,9 @@ pub struct ChatArgs {
     /// The LLM at --base-url (`--model` names the local decision model).
     #[arg(long, value_name = "NAME")]
     pub chat_model: Option<String>,
-    /// The API key, sent as a bearer token.
-    #[arg(long, env = "DECIDE_API_KEY", hide_env_values = true)]
+    /// The LLM server's API key, sent to --base-url as a bearer token. Its variable is not
+    /// DECIDE_API_KEY, `decide serve`'s own key, so neither key reaches the other's peer.
+    #[arg(long, env = "DECIDE_LLM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// An MCP server to start and take tools from, e.g. "npx -y @modelcontextprotocol/server-everything";
     /// repeatable. The command is split at whitespace.
@@ -407,9 +440,12 @@ pub struct ChatArgs {
     /// The most LLM calls per message.
     #[arg(long, default_value_t = decide_agent::DEFAULT_MAX_ROUNDS)]
     pub max_rounds: usize,
-    /// Seconds to wait for the LLM server and the MCP servers.
+    /// Seconds to wait for the LLM server and for each MCP tool call.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// Seconds an MCP server may take to start and list its tools; past it, it is stopped.
+    #[arg(long, default_value_t = 15, value_name = "SECONDS")]
+    pub mcp_start_timeout: u64,
 }
 
 #[derive(Args, Debug)]

@@ -45,12 +45,27 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
             bail!("--mcp: empty command");
         };
         let rest: Vec<&str> = words.collect();
+        let start = Duration::from_secs(args.mcp_start_timeout);
+        // Past the deadline the future is dropped, and with it the child (killed on drop).
         let server = runtime
-            .block_on(McpToolProvider::stdio(
-                program,
-                &rest,
-                McpOptions::default().with_timeout(timeout),
-            ))
+            .block_on(async {
+                tokio::time::timeout(
+                    start,
+                    McpToolProvider::stdio(
+                        program,
+                        &rest,
+                        McpOptions::default().with_timeout(timeout),
+                    ),
+                )
+                .await
+            })
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "did not start and list its tools within {} s (--mcp-start-timeout)",
+                    start.as_secs()
+                )
+            })
+            .and_then(|r| r.map_err(anyhow::Error::from))
             .with_context(|| format!("--mcp {command}"))?;
         servers.push(server);
     }

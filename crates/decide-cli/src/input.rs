@@ -191,11 +191,20 @@ impl Cases {
     /// error before any model is loaded.
     pub fn open(args: &crate::args::CasesArgs) -> anyhow::Result<Self> {
         let catalogue = args.tools.as_deref().map(read_tools).transpose()?;
-        let mut total = 0;
-        for line in jsonl_lines(&args.data)? {
-            line?;
-            total += 1;
-        }
+        let regular = std::fs::metadata(&args.data).is_ok_and(|m| m.is_file());
+        let (total, lines): (u64, Box<dyn Iterator<Item = _>>) = if regular {
+            // Counted in a first pass, read in a second: a large file is not held in memory.
+            let mut total = 0;
+            for line in jsonl_lines(&args.data)? {
+                line?;
+                total += 1;
+            }
+            (total, Box::new(jsonl_lines(&args.data)?))
+        } else {
+            // A pipe (`--data /dev/stdin`, `<(...)`) can be read only once: keep its lines.
+            let lines = jsonl_lines(&args.data)?.collect::<anyhow::Result<Vec<_>>>()?;
+            (lines.len() as u64, Box::new(lines.into_iter().map(Ok)))
+        };
         if total == 0 {
             bail!("{}: no cases", args.data.display());
         }
@@ -204,7 +213,7 @@ impl Cases {
             path: args.data.clone(),
             catalogue,
             ids: std::collections::HashSet::new(),
-            lines: Box::new(jsonl_lines(&args.data)?),
+            lines,
         })
     }
 

@@ -22,14 +22,14 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    keep_freed_memory();
     let cli = args::Cli::parse();
+    // Training reaches its peak anyway; a server must give a burst's memory back.
+    if matches!(cli.command, args::Command::Train(_)) {
+        keep_freed_memory();
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DECIDE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(log_filter())
         .init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,6 +51,18 @@ fn main() -> ExitCode {
             eprintln!("error: {}", line.replace('\n', " "));
             ExitCode::from(2)
         }
+    }
+}
+
+/// `DECIDE_LOG` (default `warn`), with the tokenizer's events capped at `info`: at `debug` and
+/// `trace` it logs the text it normalizes character by character, and request texts must never
+/// reach a log.
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DECIDE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    match "tokenizers=info".parse() {
+        Ok(cap) => filter.add_directive(cap),
+        Err(_) => filter,
     }
 }
 
@@ -80,7 +92,8 @@ fn run(cli: args::Cli) -> anyhow::Result<()> {
 fn keep_freed_memory() {
     // glibc caps M_MMAP_THRESHOLD at 32 MiB on 64-bit targets; larger values are ignored.
     const MMAP_THRESHOLD: libc::c_int = 32 << 20;
-    // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
+    // SAFETY: mallopt only changes allocator parameters; called before any thread starts
+    // (parsing the command line starts none).
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::args::{Global, RouteArgs};
 use crate::input::{read_conversation, read_json};
+use crate::select::printable;
 
 /// Reads a routes file; every error names the file and the JSON path, e.g. `routes.json: routes[2].name: missing`.
 pub fn read_routes(path: &Path) -> anyhow::Result<RoutesSpec> {
@@ -72,7 +73,8 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "route: {chosen} ({} on {}, {:.1} ms)",
+        "route: {} ({} on {}, {:.1} ms)",
+        printable(chosen),
         engine.name(),
         engine.device_name(),
         elapsed.as_secs_f64() * 1000.0
@@ -82,7 +84,7 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     }
     let width = routes
         .iter()
-        .map(|r| r.name().chars().count())
+        .map(|r| printable(r.name()).chars().count())
         .max()
         .unwrap_or(5)
         .max(5);
@@ -95,6 +97,7 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     rows.sort_by(|a, b| b.1.unwrap_or(-1.0).total_cmp(&a.1.unwrap_or(-1.0)));
     for (name, probability) in rows {
         let mark = if name == chosen { '*' } else { ' ' };
+        let name = printable(name);
         match probability {
             Some(p) => writeln!(out, "{mark} {name:<width$}  {p:.3}")?,
             None => writeln!(out, "{mark} {name:<width$}  -")?,

@@ -46,22 +46,33 @@ pub fn build_filter(
     if args.min_probability.is_some() && args.target_recall.is_some() {
         bail!("--target-recall: replaces --min-probability: give one of them, not both")
     }
+    let opts = options(args);
+    opts.check_always_include(&tools).map_err(|e| match e {
+        decide_filter::FilterError::InvalidConfig { message, .. } => {
+            anyhow::anyhow!("--always-include: {message}")
+        }
+        other => other.into(),
+    })?;
     let builder = FilteringToolProvider::builder()
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(tools)))
         .decision_model(engine.decision_model());
-    options(args)
-        .apply(builder, || {
-            engine.require_conformal().context("--target-recall")
-        })?
-        .build()
-        .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
+    opts.apply(builder, || {
+        engine.require_conformal().context("--target-recall")
+    })?
+    .build()
+    .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
 }
 
 /// The request an agent would make for this conversation: its last user message, with
 /// everything before it (and any tool traffic after it) as the previous messages.
 pub fn provider_request(messages: &[ChatMessage]) -> anyhow::Result<ToolProviderRequest> {
-    decide_filter::provider_request(messages)
-        .ok_or_else(|| anyhow::anyhow!("the conversation has no user message"))
+    let request = decide_filter::provider_request(messages)
+        .ok_or_else(|| anyhow::anyhow!("the conversation has no user message"))?;
+    // As a blank TEXT is: with nothing to decide on, the filter would pass every tool.
+    if request.user_message().text().trim().is_empty() {
+        bail!("the last user message is blank");
+    }
+    Ok(request)
 }
 
 /// Runs the filter and reports every tool, in the catalogue's order.
@@ -81,6 +92,20 @@ pub fn select(
         })
         .collect();
     Ok((selection, scored))
+}
+
+/// A name as a terminal shows it safely: control characters (escape sequences that could
+/// recolour, move the cursor or retitle the window) are printed as `\u{1b}`-style escapes.
+pub fn printable(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// How a reason reads in the table: the same words as in the JSON.
@@ -130,7 +155,7 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
     }
     let width = scores
         .iter()
-        .map(|s| s.name.chars().count())
+        .map(|s| printable(&s.name).chars().count())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -146,11 +171,11 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
     for s in ranked {
         let mark = if s.passed { '*' } else { ' ' };
         match s.probability {
-            Some(p) => writeln!(out, "{mark} {:<width$}  {p:.3}", s.name)?,
+            Some(p) => writeln!(out, "{mark} {:<width$}  {p:.3}", printable(&s.name))?,
             None => writeln!(
                 out,
                 "{mark} {:<width$}  ({})",
-                s.name,
+                printable(&s.name),
                 reason_label(s.reason)
             )?,
         }

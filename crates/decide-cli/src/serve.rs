@@ -9,21 +9,34 @@ use decide_server::{AppState, Limits, ServerConfig};
 
 use crate::args::{Global, ServeArgs};
 
-pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
-    if args.timeout <= 0.0 || !args.timeout.is_finite() {
-        anyhow::bail!(
-            "--timeout: {} is not a positive number of seconds",
-            args.timeout
-        );
+/// A positive number of seconds that a `Duration` holds; `option` names it in the error.
+fn seconds(option: &str, value: f64) -> anyhow::Result<Duration> {
+    match Duration::try_from_secs_f64(value) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => anyhow::bail!("{option}: {value} is not a positive number of seconds"),
     }
+}
+
+pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
+    let request_timeout = seconds("--timeout", args.timeout)?;
+    let read_timeout = seconds("--read-timeout", args.read_timeout)?;
+    let shutdown_timeout = seconds("--shutdown-timeout", args.shutdown_timeout)?;
     if args.max_concurrent_requests == 0 {
         anyhow::bail!("--max-concurrent-requests: must be at least 1");
     }
+    if args.max_connections == 0 {
+        anyhow::bail!("--max-connections: must be at least 1");
+    }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!(
+            "--api-key (or DECIDE_API_KEY): empty; leave it out to serve without a key on loopback"
+        );
+    }
     let config = ServerConfig {
-        api_key: args.api_key.filter(|k| !k.is_empty()),
+        api_key: args.api_key,
         max_body_bytes: args.payload_limit,
         max_concurrent_requests: args.max_concurrent_requests,
-        request_timeout: Duration::from_secs_f64(args.timeout),
+        request_timeout,
         retry_after_secs: 1,
         limits: Limits {
             max_questions: args.max_questions,
@@ -35,8 +48,14 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         } else {
             args.max_batch_requests.max(1)
         },
+        allowed_hosts: args.allowed_hosts,
+        allowed_origins: args.allowed_origins,
+        read_timeout,
+        max_connections: args.max_connections,
+        shutdown_timeout,
     };
-    let engine = global.engine(false)?;
+    let cache_bytes = args.cache_mb.saturating_mul(1 << 20);
+    let engine = global.engine_with(false, |b| b.cache_bytes(cache_bytes))?;
     // With --rerank, the rerank endpoints score with that model (a cross-encoder) instead of the
     // model's cosines.
     let reranker = match &global.rerank {
@@ -56,7 +75,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.addr)
             .await
             .with_context(|| format!("--addr {}", args.addr))?;
@@ -78,6 +97,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
             None => String::new(),
         };
         let state = AppState::with_reranker(engine, reranker, config)?;
+        tokio::spawn(return_freed_memory());
         // The address goes to stderr, with the model, so a script (or a test) that binds
         // port 0 can read where the server is.
         eprintln!(
@@ -86,7 +106,24 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         decide_server::serve(listener, state, shutdown()).await?;
         eprintln!("decide serve: stopped");
         Ok(())
-    })
+    });
+    // Work still running on the blocking pool past the shutdown deadline is not waited for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
+}
+
+/// A burst of large requests grows the allocator's arenas (one per thread that tokenized or
+/// ran the model); glibc keeps freed memory in them. Trimming them every few seconds brings
+/// the resident set back near its idle size once the burst is over.
+async fn return_freed_memory() {
+    let mut every = tokio::time::interval(Duration::from_secs(5));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free memory to the kernel; it is thread-safe.
+        let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
+    }
 }
 
 /// Completes on SIGTERM or Ctrl-C.

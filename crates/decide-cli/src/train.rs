@@ -183,12 +183,33 @@ fn interrupt_flag() -> Arc<AtomicBool> {
     flag
 }
 
-/// Moves the checkpoint in `scratch` to `out`, replacing what was there.
+/// A path beside `out` named after it: `out`'s file name with `suffix` and this process's id
+/// appended (never replacing an extension: `model.v2` gives `model.v2.partial-PID`, not
+/// `model.partial`), so it cannot be a file of the user's, and this run may delete it.
+fn beside(out: &Path, suffix: &str) -> anyhow::Result<PathBuf> {
+    let Some(name) = out.file_name() else {
+        bail!("--out {}: needs a folder name", out.display());
+    };
+    let mut name = name.to_os_string();
+    name.push(format!(".{suffix}-{}", std::process::id()));
+    Ok(out.with_file_name(name))
+}
+
+/// Moves the checkpoint in `scratch` to `out`, replacing what was there (a folder `check_out`
+/// accepted, or the previous epoch's): `out` is moved aside, the checkpoint renamed into its
+/// place, and only then is the old one removed, so `out` is never half written.
 fn publish(scratch: &Path, out: &Path) -> anyhow::Result<()> {
-    if out.exists() {
-        std::fs::remove_dir_all(out).with_context(|| out.display().to_string())?;
+    let context = || out.display().to_string();
+    if !out.exists() {
+        return std::fs::rename(scratch, out).with_context(context);
     }
-    std::fs::rename(scratch, out).with_context(|| out.display().to_string())
+    let old = beside(out, "old")?;
+    std::fs::rename(out, &old).with_context(context)?;
+    if let Err(e) = std::fs::rename(scratch, out) {
+        let _ = std::fs::rename(&old, out);
+        return Err(e).with_context(context);
+    }
+    std::fs::remove_dir_all(&old).with_context(|| old.display().to_string())
 }
 
 /// `--out` is replaced by the result: only an empty folder or one written by `decide train`
@@ -251,7 +272,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     // read back a batch at a time; the tools, each once, stay in memory.
     let mut documents: Vec<String> = Vec::new();
     let mut doc_index: HashMap<String, usize> = HashMap::new();
-    let spool_path = args.out.with_extension("spool");
+    let spool_path = beside(&args.out, "spool")?;
     let mut spool = ExampleSpool::create(&spool_path)?;
     let mut no_tool = 0;
     for_each_case(&args.data, args.tools.as_ref(), |at, case, expected| {
@@ -378,8 +399,9 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         TrainHead::CrossEncoder => Some(with_model(base_spec.clone()).decider(false)?),
         TrainHead::BiEncoder => None,
     };
-    let scratch = args.out.with_extension("partial");
-    let _ = std::fs::remove_dir_all(&scratch);
+    // Named for this run only: whatever is at the path was made by this run, and only this
+    // run deletes it.
+    let scratch = beside(&args.out, "partial")?;
     let mut best: Option<(usize, f64)> = None;
     let mut since_best = 0;
     let mut saved_epoch = None;

@@ -96,6 +96,13 @@ pub enum EngineError {
         /// What failed.
         message: String,
     },
+    /// The model computed NaN or infinite outputs: its weights are broken, and no probability
+    /// drawn from them would mean anything.
+    #[error("model '{model}' computed NaN or infinite outputs: its weights are corrupted; fetch or train it again")]
+    NonFinite {
+        /// The model's name.
+        model: String,
+    },
     /// The tensor backend failed.
     #[error("inference failed: {0}")]
     Candle(#[from] candle_core::Error),

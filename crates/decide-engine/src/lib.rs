@@ -101,7 +101,7 @@ pub use registry::{Build, HeadName, Manifest, ModelLocation, Scoring, BASE_MODEL
 pub use scoring::decision::StagedDecision;
 pub use scoring::staged::{EmbeddingRow, EncodedRow, StagedScores};
 pub use scoring::{
-    Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_CAPACITY,
-    DEFAULT_MAX_BATCH_TOKENS,
+    Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_BYTES,
+    DEFAULT_CACHE_CAPACITY, DEFAULT_MAX_BATCH_TOKENS,
 };
 pub use tokenize::{trim_pair, trim_single, TokenRow, Tokenization};

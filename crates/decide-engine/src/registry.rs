@@ -260,10 +260,136 @@ fn conformal_table(conformal: &Conformal) -> toml_edit::Table {
     table
 }
 
+/// Checks every file of `dir` that `manifest` lists against its sha256: a corrupted or
+/// truncated download, or bytes written into the weights, is an error naming the file instead
+/// of a model that answers nonsense. Files the manifest lists but the folder lacks are left to
+/// the loader, which names the ones it needs.
+///
+/// Hashing the weights takes a fraction of a second; a file already verified at the same path,
+/// size and modification time is not hashed again, in this process or (through a small record
+/// in the user's cache folder) in later ones.
+pub fn verify_files(dir: &Path, manifest: &Manifest) -> Result<()> {
+    for (name, expected) in &manifest.files {
+        let path = dir.join(name);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        let stamp = FileStamp::of(&path, &meta);
+        if verified::contains(&stamp, expected) {
+            continue;
+        }
+        let actual = file_sha256(&path)?;
+        if !actual.eq_ignore_ascii_case(expected) {
+            return Err(EngineError::bad_file(
+                path,
+                format!(
+                    "sha256 {actual} differs from the manifest's {expected}: the file is corrupted; \
+                     fetch the model again"
+                ),
+            ));
+        }
+        verified::insert(stamp, expected);
+    }
+    Ok(())
+}
+
+/// What identifies one version of a file without reading it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FileStamp {
+    path: PathBuf,
+    size: u64,
+    modified_ns: u128,
+}
+
+impl FileStamp {
+    fn of(path: &Path, meta: &std::fs::Metadata) -> Self {
+        let modified_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            path: std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+            size: meta.len(),
+            modified_ns,
+        }
+    }
+
+    fn line(&self, sha256: &str) -> String {
+        format!(
+            "{}\t{}\t{}\t{}",
+            sha256.to_ascii_lowercase(),
+            self.size,
+            self.modified_ns,
+            self.path.display()
+        )
+    }
+}
+
+/// The files verified so far: in memory, and as lines of `sha256 size mtime path` in
+/// `$XDG_CACHE_HOME/decide/verified` (or `~/.cache/…`), so each version is hashed once.
+mod verified {
+    use std::collections::HashSet;
+    use std::io::Write;
+    use std::path::PathBuf;
+    use std::sync::{Mutex, OnceLock};
+
+    use super::FileStamp;
+
+    fn record() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(base.join("decide").join("verified"))
+    }
+
+    fn known() -> &'static Mutex<HashSet<String>> {
+        static KNOWN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+        KNOWN.get_or_init(|| {
+            let lines = record()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_default();
+            Mutex::new(lines.lines().map(str::to_owned).collect())
+        })
+    }
+
+    pub(super) fn contains(stamp: &FileStamp, sha256: &str) -> bool {
+        known()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&stamp.line(sha256))
+    }
+
+    /// Remembers a verified file; a record that cannot be written only costs a hash next time.
+    pub(super) fn insert(stamp: FileStamp, sha256: &str) {
+        let line = stamp.line(sha256);
+        known()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(line.clone());
+        if let Some(path) = record() {
+            let _ = path
+                .parent()
+                .map(std::fs::create_dir_all)
+                .transpose()
+                .and_then(|_| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                })
+                .and_then(|mut f| writeln!(f, "{line}"));
+        }
+    }
+}
+
 /// The sha256 of a file, hex.
 pub fn file_sha256(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| EngineError::bad_file(path, e))?;
-    Ok(format!("{:x}", Sha256::digest(&bytes)))
+    // Streamed: model weights need not be held in memory twice.
+    let mut file = std::fs::File::open(path).map_err(|e| EngineError::bad_file(path, e))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| EngineError::bad_file(path, e))?;
+    Ok(format!("{:x}", hasher.finalize()))
 }
 
 fn files_of(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) -> Result<()> {

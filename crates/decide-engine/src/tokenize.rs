@@ -9,15 +9,47 @@
 //!   first; the document is cut only when it alone would crowd the query out of a quarter of
 //!   the budget ([`trim_pair`]).
 //!
-//! Texts are tokenized without special tokens first ([`Tokenization::encode`]), so that a query
-//! shared by many pairs is tokenized once; the special tokens are added after trimming, within
-//! the model's length.
+//! Texts are tokenized without special tokens first ([`Tokenization::encode_start`] and
+//! [`Tokenization::encode_end`]), so that a query shared by many pairs is tokenized once; the
+//! special tokens are added after trimming, within the model's length.
+//!
+//! Only what can be kept is tokenized: a text is first cut to [`BYTES_PER_TOKEN`] bytes per token
+//! of the model's length, at the end it keeps (a 2 MB tool description costs what 16 KB do).
 
 use std::path::{Path, PathBuf};
 
 use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 
 use crate::error::{require, EngineError, Result};
+
+/// How many bytes of a text are tokenized per token of the model's length. Tokens of English
+/// and code average 3 to 6 bytes, so the cut is far from what trimming keeps; it only bounds
+/// the work and memory a huge text costs.
+pub const BYTES_PER_TOKEN: usize = 64;
+
+/// The start of `text`, at most `max_bytes` of it, cut at a character boundary.
+fn cut_start(text: &str, max_bytes: usize) -> &str {
+    if text.len() <= max_bytes {
+        return text;
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The end of `text`, at most `max_bytes` of it, cut at a character boundary.
+fn cut_end(text: &str, max_bytes: usize) -> &str {
+    if text.len() <= max_bytes {
+        return text;
+    }
+    let mut start = text.len() - max_bytes;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
 
 /// One row as the model reads it: token ids with special tokens, and their token type ids.
 // No `Debug`: token ids decode back to the user's text.
@@ -121,6 +153,30 @@ impl Tokenization {
             .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
+    /// The bytes of a text worth tokenizing: [`BYTES_PER_TOKEN`] per token of the length.
+    fn text_budget(&self) -> usize {
+        self.max_length.max(1).saturating_mul(BYTES_PER_TOKEN)
+    }
+
+    /// The part of `text` that a row keeping its start can use: what
+    /// [`encode_start`](Self::encode_start) tokenizes, so two texts with the same part get the
+    /// same row (an embedding cache keys on it, never on a huge text).
+    pub fn document_part<'a>(&self, text: &'a str) -> &'a str {
+        cut_start(text, self.text_budget())
+    }
+
+    /// [`encode`](Self::encode) of the part of `text` a row that keeps its start can use: a
+    /// document's or a candidate's.
+    pub fn encode_start(&self, text: &str) -> Result<Encoding> {
+        self.encode(self.document_part(text))
+    }
+
+    /// [`encode`](Self::encode) of the part of `text` a row that keeps its end can use: a
+    /// query's (the latest turns).
+    pub fn encode_end(&self, text: &str) -> Result<Encoding> {
+        self.encode(cut_end(text, self.text_budget()))
+    }
+
     /// A text's token count without special tokens.
     pub fn count_tokens(&self, text: &str) -> Result<usize> {
         Ok(self.encode(text)?.len())
@@ -128,12 +184,12 @@ impl Tokenization {
 
     /// A query alone (as a bi-encoder embeds it): keeps its end, the latest turns.
     pub fn encode_query(&self, text: &str) -> Result<TokenRow> {
-        self.query_row(self.encode(text)?)
+        self.query_row(self.encode_end(text)?)
     }
 
     /// A document alone (as a bi-encoder embeds it): keeps its start.
     pub fn encode_document(&self, text: &str) -> Result<TokenRow> {
-        self.document_row(self.encode(text)?)
+        self.document_row(self.encode_start(text)?)
     }
 
     /// A document alone, as [`encode_document`](Self::encode_document) reads it, and whether
@@ -146,20 +202,22 @@ impl Tokenization {
 
     /// A (query, document) pair as a cross-encoder reads it, trimmed by [`trim_pair`].
     pub fn encode_pair(&self, query: &str, document: &str) -> Result<TokenRow> {
-        self.pair_row(self.encode(query)?, self.encode(document)?)
+        self.pair_row(self.encode_end(query)?, self.encode_start(document)?)
     }
 
-    /// [`encode_query`](Self::encode_query) of an [`encode`](Self::encode)d text.
+    /// [`encode_query`](Self::encode_query) of an [`encode_end`](Self::encode_end)d text.
     pub fn query_row(&self, query: Encoding) -> Result<TokenRow> {
         self.single_row(query, true)
     }
 
-    /// [`encode_document`](Self::encode_document) of an [`encode`](Self::encode)d text.
+    /// [`encode_document`](Self::encode_document) of an [`encode_start`](Self::encode_start)d
+    /// text.
     pub fn document_row(&self, document: Encoding) -> Result<TokenRow> {
         self.single_row(document, false)
     }
 
-    /// [`encode_pair`](Self::encode_pair) of [`encode`](Self::encode)d texts.
+    /// [`encode_pair`](Self::encode_pair) of a query [`encode_end`](Self::encode_end)d and a
+    /// document [`encode_start`](Self::encode_start)ed.
     pub fn pair_row(&self, mut query: Encoding, mut document: Encoding) -> Result<TokenRow> {
         let budget = self.max_length.saturating_sub(self.specials.1);
         trim_pair(&mut query, &mut document, budget);
@@ -223,4 +281,23 @@ pub fn trim_pair(query: &mut Encoding, candidate: &mut Encoding, budget: usize) 
     }
     query.truncate(query_keep, 0, TruncationDirection::Left);
     query.take_overflowing();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_keep_whole_characters_at_the_kept_end() {
+        let text = "aé€😀".repeat(10);
+        for budget in 0..text.len() + 2 {
+            let start = cut_start(&text, budget);
+            let end = cut_end(&text, budget);
+            assert!(start.len() <= budget && text.starts_with(start));
+            assert!(end.len() <= budget && text.ends_with(end));
+            assert!(budget < 4 || !start.is_empty());
+        }
+        assert_eq!(cut_start("short", 100), "short");
+        assert_eq!(cut_end("short", 100), "short");
+    }
 }

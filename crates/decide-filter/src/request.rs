@@ -32,6 +32,24 @@ pub struct FilterOptions {
 }
 
 impl FilterOptions {
+    /// Refuses an `always_include` name that no tool of `tools` has: a misspelt name would
+    /// otherwise be ignored without a word.
+    pub fn check_always_include(&self, tools: &[ToolSpecification]) -> Result<(), FilterError> {
+        let names: std::collections::HashSet<&str> =
+            tools.iter().map(|t| t.name.as_str()).collect();
+        match self
+            .always_include
+            .iter()
+            .find(|n| !names.contains(n.as_str()))
+        {
+            Some(unknown) => Err(FilterError::InvalidConfig {
+                option: "always_include",
+                message: format!("no tool is named {unknown:?}"),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Sets these options on `builder`. `conformal` gives the decision model's conformal table; it is called only
     /// when a target recall is set, so that a model without one fails only the requests that need it.
     pub fn apply<'a, E>(
@@ -126,18 +144,23 @@ impl SelectRequest {
                 })
             })
             .transpose()?;
+        let options = FilterOptions {
+            min_probability: body.min_probability,
+            target_recall: body.target_recall,
+            max_results: body.max_results,
+            max_messages: body.max_messages,
+            max_message_length: body.max_message_length,
+            always_include: body.always_include.unwrap_or_default(),
+            fallback,
+        };
+        options.check_always_include(&tools).map_err(|e| match e {
+            FilterError::InvalidConfig { option, message } => ParseError::invalid(option, message),
+            other => ParseError::invalid("always_include", other.to_string()),
+        })?;
         Ok(Self {
             request,
             tools,
-            options: FilterOptions {
-                min_probability: body.min_probability,
-                target_recall: body.target_recall,
-                max_results: body.max_results,
-                max_messages: body.max_messages,
-                max_message_length: body.max_message_length,
-                always_include: body.always_include.unwrap_or_default(),
-                fallback,
-            },
+            options,
         })
     }
 

@@ -305,10 +305,12 @@ impl McpToolProvider {
     /// Like [`stdio`](Self::stdio), with the command set up by the caller (its environment, its working
     /// folder); `name` names the server in errors until it gives its own.
     pub async fn stdio_command(
-        process: tokio::process::Command,
+        mut process: tokio::process::Command,
         name: &str,
         options: McpOptions,
     ) -> Result<Self, McpError> {
+        // A server that never answers must not outlive the provider that gave up on it.
+        process.kill_on_drop(true);
         let server = name.to_owned();
         let connect_error = |message: String| McpError::Connect {
             server: server.clone(),

@@ -190,6 +190,9 @@ pub(crate) struct RouteOption {
 /// with two descriptions.
 pub(crate) fn route_options(routes: &[ChatModelRoute]) -> Result<Vec<RouteOption>, RouterError> {
     let mut options: Vec<RouteOption> = Vec::new();
+    // Option name to its position in `options`: a request may carry many routes, and a scan of the earlier options
+    // per route made the check quadratic.
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (index, route) in routes.iter().enumerate() {
         let named: Vec<(String, String)> = match route.descriptions() {
             [] => vec![(route.name.clone(), route.name.clone())],
@@ -201,7 +204,7 @@ pub(crate) fn route_options(routes: &[ChatModelRoute]) -> Result<Vec<RouteOption
                 .collect(),
         };
         for (name, description) in named {
-            if let Some(earlier) = options.iter().find(|o| o.name == name) {
+            if let Some(earlier) = seen.get(&name).map(|&at| &options[at]) {
                 // The route to rename is the one literally named like the option; with duplicate route names (which
                 // the routing model rejects first) there is none, and the later route is named.
                 let culprit = [index, earlier.route]
@@ -216,6 +219,7 @@ pub(crate) fn route_options(routes: &[ChatModelRoute]) -> Result<Vec<RouteOption
                     ),
                 ));
             }
+            seen.insert(name.clone(), options.len());
             options.push(RouteOption {
                 name,
                 description,

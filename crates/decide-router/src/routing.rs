@@ -340,6 +340,7 @@ impl RoutingChatModelBuilder {
         }
         let (routes, models): (Vec<ChatModelRoute>, Vec<Arc<dyn ChatModel>>) =
             self.routes.into_iter().unzip();
+        let mut names = std::collections::HashSet::with_capacity(routes.len());
         for (i, route) in routes.iter().enumerate() {
             if route.name().trim().is_empty() {
                 return Err(RouterError::config(
@@ -357,7 +358,7 @@ impl RoutingChatModelBuilder {
                     ),
                 ));
             }
-            if routes[..i].iter().any(|r| r.name() == route.name()) {
+            if !names.insert(route.name()) {
                 return Err(RouterError::config(
                     "routes",
                     format!("there is more than one route named '{}'", route.name()),

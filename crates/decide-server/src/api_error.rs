@@ -44,9 +44,15 @@ impl Format {
 pub(crate) enum ApiError {
     BadRequest(WireError),
     Unauthorized,
+    /// A request from a host name or web origin the server does not accept.
+    Forbidden(String),
+    /// A POST whose body is not declared as JSON.
+    NotJson,
+    /// The body did not arrive within the read timeout.
+    SlowBody(u64),
     TooLarge(usize),
     Overloaded(u64),
-    Timeout(u64),
+    Timeout(f64),
     Unprocessable(String),
     Internal(String),
 }
@@ -73,10 +79,12 @@ impl ApiError {
     /// for which it has none).
     fn tei_type(&self) -> &'static str {
         match self {
-            Self::BadRequest(_) | Self::TooLarge(_) | Self::Unprocessable(_) => "Validation",
-            Self::Unauthorized => "Unauthorized",
+            Self::BadRequest(_) | Self::TooLarge(_) | Self::Unprocessable(_) | Self::NotJson => {
+                "Validation"
+            }
+            Self::Unauthorized | Self::Forbidden(_) => "Unauthorized",
             Self::Overloaded(_) => "Overloaded",
-            Self::Timeout(_) | Self::Internal(_) => "Backend",
+            Self::Timeout(_) | Self::SlowBody(_) | Self::Internal(_) => "Backend",
         }
     }
 
@@ -102,6 +110,19 @@ impl ApiError {
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
                 "missing or wrong API key (send Authorization: Bearer KEY)".to_string(),
+                None,
+            ),
+            Self::Forbidden(m) => (StatusCode::FORBIDDEN, "permission_error", m.clone(), None),
+            Self::NotJson => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                "the body must be sent as Content-Type: application/json".to_string(),
+                Some("Content-Type".to_string()),
+            ),
+            Self::SlowBody(secs) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout_error",
+                format!("the request body did not arrive within {secs} s"),
                 None,
             ),
             Self::TooLarge(limit) => (

@@ -1,7 +1,7 @@
 //! The cross-request batching queue and the decision model that goes through it.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchConfig {
     /// The padded token budget of one forward call (rows × longest row); a request larger than
-    /// the budget runs alone (the engine splits it further).
+    /// the budget runs in pieces, other requests' rows in between.
     pub max_batch_tokens: usize,
     /// Requests per forward call; 1 turns cross-request batching off.
     pub max_batch_requests: usize,
@@ -41,17 +41,49 @@ pub type Pending = oneshot::Receiver<Outputs>;
 
 struct Job {
     rows: Vec<EncodedRow>,
-    longest: usize,
+    /// Rows already run: a request larger than one forward call runs in pieces.
+    done: usize,
+    outputs: Vec<Vec<f32>>,
     reply: Reply,
+    cancel: Option<Arc<AtomicBool>>,
+}
+
+impl Job {
+    /// Whether nobody waits for this job any more: the receiver is gone (deadline passed,
+    /// client disconnected) or the caller cancelled it.
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed()
+            || self
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+}
+
+thread_local! {
+    /// The cancellation flag of the work running on this thread (see [`with_cancel`]).
+    static CANCEL: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `work` (blocking code that calls [`BatchedEngine::decide`], such as the filter) so that
+/// the rows it queues are dropped once `flag` is set: the filter's and the router's calls have
+/// no receiver the caller could drop, so their deadline reaches the queue through this flag.
+pub(crate) fn with_cancel<T>(flag: Arc<AtomicBool>, work: impl FnOnce() -> T) -> T {
+    CANCEL.with(|c| *c.borrow_mut() = Some(flag));
+    let out = work();
+    CANCEL.with(|c| *c.borrow_mut() = None);
+    out
 }
 
 /// A bounded FIFO of requests' rows and the one thread that runs them through the model.
 ///
-/// The thread takes the oldest request, then as many of the following ones as fit the token
-/// budget (counted as a padded batch: rows × longest row, as text-embeddings-inference's queue
-/// counts padded models) and `max_batch_requests`, runs all their rows in one
-/// [`Engine::forward_rows`] call and sends each request its own outputs. A request whose
-/// caller is gone (deadline passed, client disconnected) is skipped before it costs anything.
+/// Each forward call takes rows from the waiting requests, oldest first, as long as they fit the
+/// token budget (counted as a padded batch: rows × longest row, as text-embeddings-inference's
+/// queue counts padded models) and `max_batch_requests`, and sends each request its outputs once
+/// all its rows have run. A request larger than the budget runs a piece per call and goes to the
+/// back of the line after each piece, so other requests interleave with it; a request whose
+/// caller is gone (deadline passed, client disconnected, cancelled) is dropped before its next
+/// piece costs anything.
 pub struct Batcher {
     tx: SyncSender<Job>,
     metrics: Arc<Metrics>,
@@ -79,21 +111,31 @@ impl Batcher {
         Ok(Self { tx, metrics })
     }
 
-    /// Queues one request's rows; the receiver gets one output per row, in order.
+    /// Queues one request's rows; the receiver gets one output per row, in order. Dropping
+    /// the receiver drops the rows not yet run.
     pub fn submit(&self, rows: Vec<EncodedRow>) -> Result<Pending, Overloaded> {
+        self.submit_cancellable(rows, None)
+    }
+
+    fn submit_cancellable(
+        &self,
+        rows: Vec<EncodedRow>,
+        cancel: Option<Arc<AtomicBool>>,
+    ) -> Result<Pending, Overloaded> {
         let (reply, rx) = oneshot::channel();
         if rows.is_empty() {
             // Nothing to run (every embedding was cached): answer without queueing.
             let _ = reply.send(Ok(Vec::new()));
             return Ok(rx);
         }
-        let longest = rows.iter().map(EncodedRow::len).max().unwrap_or(0);
         let depth = self.metrics.queue_depth();
         depth.fetch_add(1, Ordering::Relaxed);
         match self.tx.try_send(Job {
+            outputs: Vec::with_capacity(rows.len()),
             rows,
-            longest,
+            done: 0,
             reply,
+            cancel,
         }) {
             Ok(()) => Ok(rx),
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -108,56 +150,96 @@ impl Batcher {
 fn run(engine: Engine, config: BatchConfig, rx: Receiver<Job>, metrics: Arc<Metrics>) {
     let depth = metrics.queue_depth();
     let max_requests = config.max_batch_requests.max(1);
-    let mut carried: Option<Job> = None;
+    let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
-        let first = match carried.take() {
-            Some(job) => job,
-            None => match rx.recv() {
+        if waiting.is_empty() {
+            match rx.recv() {
                 Ok(job) => {
                     depth.fetch_sub(1, Ordering::Relaxed);
-                    job
+                    waiting.push_back(job);
                 }
                 Err(_) => return,
-            },
-        };
-        if first.reply.is_closed() {
-            continue;
+            }
         }
-        let mut rows = first.rows.len();
-        let mut longest = first.longest;
-        let mut jobs = vec![first];
-        while jobs.len() < max_requests {
+        // Only as many as one call can serve leave the channel: the rest stay bounded by it.
+        while waiting.len() < max_requests {
             let Ok(job) = rx.try_recv() else { break };
             depth.fetch_sub(1, Ordering::Relaxed);
-            if job.reply.is_closed() {
-                continue;
+            waiting.push_back(job);
+        }
+        waiting.retain(|job| {
+            let gone = job.abandoned();
+            if gone {
+                metrics.observe_cancelled(job.rows.len() - job.done);
             }
-            let new_longest = longest.max(job.longest);
-            if (rows + job.rows.len()) * new_longest > config.max_batch_tokens {
-                carried = Some(job);
+            !gone
+        });
+        if waiting.is_empty() {
+            continue;
+        }
+        // Rows from the oldest requests on, as many as the padded budget holds (at least one).
+        let mut picks: Vec<(usize, usize)> = Vec::new();
+        let (mut rows, mut longest) = (0usize, 0usize);
+        for (i, job) in waiting.iter().enumerate().take(max_requests) {
+            let mut end = job.done;
+            while end < job.rows.len() {
+                let l = longest.max(job.rows[end].len());
+                if rows > 0 && (rows + 1) * l > config.max_batch_tokens {
+                    break;
+                }
+                rows += 1;
+                longest = l;
+                end += 1;
+            }
+            if end > job.done {
+                picks.push((i, end));
+            }
+            if end < job.rows.len() {
                 break;
             }
-            rows += job.rows.len();
-            longest = new_longest;
-            jobs.push(job);
         }
-        run_batch(&engine, jobs, &metrics);
+        run_batch(&engine, &mut waiting, &picks, &metrics);
+        // Finished requests leave; one that ran only a piece goes to the back of the line.
+        let mut rest = VecDeque::with_capacity(waiting.len());
+        let mut unfinished = Vec::new();
+        for (i, job) in waiting.drain(..).enumerate() {
+            let picked = picks.iter().any(|&(p, _)| p == i);
+            if job.done == job.rows.len() {
+                let _ = job.reply.send(Ok(job.outputs));
+            } else if job.done == usize::MAX {
+                // Failed: its error was sent.
+            } else if picked {
+                unfinished.push(job);
+            } else {
+                rest.push_back(job);
+            }
+        }
+        rest.extend(unfinished);
+        waiting = rest;
     }
 }
 
-/// Runs the rows of `jobs` in one forward call, each distinct row once, and answers each job.
-fn run_batch(engine: &Engine, jobs: Vec<Job>, metrics: &Metrics) {
+/// Runs the picked rows (`(job, end)`: the job's rows up to `end`) in one forward call, each
+/// distinct row once, and stores each job's outputs; a failed call answers the jobs with the
+/// error (and marks them done with `usize::MAX`).
+fn run_batch(
+    engine: &Engine,
+    jobs: &mut VecDeque<Job>,
+    picks: &[(usize, usize)],
+    metrics: &Metrics,
+) {
     let mut unique: Vec<EncodedRow> = Vec::new();
-    let mut slots: HashMap<EncodedRow, usize> = HashMap::new();
-    let mut index: Vec<Vec<usize>> = Vec::with_capacity(jobs.len());
+    let mut slots: HashMap<&EncodedRow, usize> = HashMap::new();
+    let mut index: Vec<Vec<usize>> = Vec::with_capacity(picks.len());
     let mut total = 0;
-    for job in &jobs {
-        total += job.rows.len();
+    for &(i, end) in picks {
+        let job = &jobs[i];
+        total += end - job.done;
         index.push(
-            job.rows
+            job.rows[job.done..end]
                 .iter()
                 .map(|row| {
-                    *slots.entry(row.clone()).or_insert_with(|| {
+                    *slots.entry(row).or_insert_with(|| {
                         unique.push(row.clone());
                         unique.len() - 1
                     })
@@ -165,18 +247,23 @@ fn run_batch(engine: &Engine, jobs: Vec<Job>, metrics: &Metrics) {
                 .collect(),
         );
     }
-    metrics.observe_batch(jobs.len(), unique.len(), total - unique.len());
+    drop(slots);
+    metrics.observe_batch(picks.len(), unique.len(), total - unique.len());
     match engine.forward_rows(&unique) {
         Ok(outputs) => {
-            for (job, idx) in jobs.into_iter().zip(index) {
-                let mine = idx.iter().map(|&i| outputs[i].clone()).collect();
-                let _ = job.reply.send(Ok(mine));
+            for (&(i, end), idx) in picks.iter().zip(index) {
+                let job = &mut jobs[i];
+                job.outputs.extend(idx.iter().map(|&u| outputs[u].clone()));
+                job.done = end;
             }
         }
         Err(e) => {
             let message = e.to_string();
-            for job in jobs {
-                let _ = job.reply.send(Err(message.clone()));
+            for &(i, _) in picks {
+                let job = &mut jobs[i];
+                let (reply, _) = oneshot::channel();
+                let _ = std::mem::replace(&mut job.reply, reply).send(Err(message.clone()));
+                job.done = usize::MAX;
             }
         }
     }
@@ -240,9 +327,10 @@ impl BatchedEngine {
 impl DecisionModel for BatchedEngine {
     fn do_decide(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
         let mut staged = self.engine.stage_decision(request)?;
+        let cancel = CANCEL.with(|c| c.borrow().clone());
         let rx = self
             .batcher
-            .submit(staged.take_rows())
+            .submit_cancellable(staged.take_rows(), cancel)
             .map_err(DecisionError::from_model_error)?;
         let outputs = rx
             .blocking_recv()

@@ -8,7 +8,7 @@ use decide_contract::{DecisionModel, DecisionRequest, DecisionResponse};
 use decide_http::{openai, systemone};
 
 use crate::api_error::{ApiError, SystemOneError};
-use crate::limits::{admit, deadline, Body};
+use crate::limits::{admit, deadline, off_runtime, Body};
 use crate::AppState;
 
 /// The routes of this module.
@@ -36,7 +36,8 @@ async fn decisions(
     State(state): State<AppState>,
     Body(raw): Body,
 ) -> Result<Json<openai::DecisionsResponse>, ApiError> {
-    let parsed = openai::parse_request(&raw, &state.inner.config.limits)?;
+    let limits = state.inner.config.limits;
+    let parsed = off_runtime(move || Ok(openai::parse_request(&raw, &limits)?)).await?;
     let _permit = admit(&state)?;
     let response = match &parsed.request {
         Some(request) => Some(decide(&state, request).await?),
@@ -54,7 +55,10 @@ async fn system_one(
     body: Result<Body, ApiError>,
 ) -> Result<Json<systemone::SystemOneResponse>, SystemOneError> {
     let Body(raw) = body?;
-    let parsed = systemone::parse_request(&raw, &state.inner.config.limits)?;
+    let limits = state.inner.config.limits;
+    let parsed = off_runtime(move || Ok(systemone::parse_request(&raw, &limits)?))
+        .await
+        .map_err(SystemOneError::from)?;
     let _permit = admit(&state)?;
     let response = decide(&state, &parsed.request).await?;
     Ok(Json(systemone::render_response(

@@ -10,4 +10,7 @@ pub enum ServerError {
     /// The inference thread could not be started.
     #[error("could not start the inference thread: {0}")]
     Thread(std::io::Error),
+    /// The configuration is unusable (an empty API key, say).
+    #[error("{0}")]
+    Config(String),
 }

@@ -103,6 +103,21 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Requests per forward pass; 1 turns cross-request batching off (default 64).
     pub max_batch_requests: usize,
+    /// Host names (without port) accepted in the `Host` header besides the bound address and
+    /// the loopback names; `*` accepts any. Refusing other names stops DNS rebinding: a web
+    /// page whose name resolves to this machine cannot reach the server.
+    pub allowed_hosts: Vec<String>,
+    /// Web origins (`https://app.example`) whose pages may call the server (CORS); `*`
+    /// allows any. A request from any other page's origin gets `403`.
+    pub allowed_origins: Vec<String>,
+    /// How long a client may take to send a request's headers, and then its body; an idle
+    /// keep-alive connection is closed after it too (default 10 s).
+    pub read_timeout: Duration,
+    /// Open connections at once; past it, new ones wait in the kernel's backlog (default 1024).
+    pub max_connections: usize,
+    /// After the shutdown signal, how long requests in flight may take before their
+    /// connections are dropped (default 10 s).
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -115,6 +130,11 @@ impl Default for ServerConfig {
             retry_after_secs: 1,
             limits: Limits::default(),
             max_batch_requests: 64,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+            shutdown_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -136,6 +156,8 @@ struct Shared {
     key_digest: Option<[u8; 32]>,
     /// One per decision in flight: admission ([`limits::admit`]) takes one or answers 503.
     permits: Arc<Semaphore>,
+    /// The address [`serve`] listens on: its IP is an accepted `Host`.
+    bound: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl AppState {
@@ -151,6 +173,14 @@ impl AppState {
         reranker: Option<Engine>,
         config: ServerConfig,
     ) -> Result<Self, ServerError> {
+        if config
+            .api_key
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty())
+        {
+            // An empty key must not quietly mean "no authentication".
+            return Err(ServerError::Config("the API key is empty".into()));
+        }
         let metrics = Arc::new(Metrics::new());
         let queue = |engine: Engine| -> Result<BatchedEngine, ServerError> {
             let batcher = Batcher::start(
@@ -173,6 +203,7 @@ impl AppState {
                 metrics,
                 key_digest: config.api_key.as_deref().map(guard::digest),
                 permits: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
+                bound: std::sync::OnceLock::new(),
                 config,
             }),
         })
@@ -189,7 +220,8 @@ impl AppState {
     }
 }
 
-/// The router of every endpoint, with the body limit and the API-key check.
+/// The router of every endpoint, with the body limit and the checks of [`guard`] (host,
+/// origin and CORS, content type, API key) around every route.
 pub fn router(state: AppState) -> axum::Router {
     axum::Router::new()
         .merge(decisions::router())
@@ -208,14 +240,66 @@ pub fn router(state: AppState) -> axum::Router {
 }
 
 /// Serves `router(state)` on `listener` until `shutdown` completes, then lets the requests in
-/// flight finish.
+/// flight finish for up to `shutdown_timeout` and drops the connections still open.
+///
+/// Each connection must send a request's headers within `read_timeout` (an idle keep-alive
+/// connection is closed after it too), and at most `max_connections` are served at once: idle
+/// or half-sent connections cannot exhaust the server or hold its shutdown.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServerError::Io)
+    let _ = state
+        .inner
+        .bound
+        .set(listener.local_addr().map_err(ServerError::Io)?);
+    let config = state.inner.config.clone();
+    let app = router(state);
+    let max = config.max_connections.clamp(1, Semaphore::MAX_PERMITS) as u32;
+    let connections = Arc::new(Semaphore::new(max as usize));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => permit.map_err(|e| ServerError::Io(std::io::Error::other(e)))?,
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors and the like: wait for connections to close.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stop = stop_rx.clone();
+        let read_timeout = config.read_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(read_timeout);
+            let connection = builder.serve_connection(io, service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    // Every connection holds a permit until it ends: all of them back means all closed.
+    let _ = tokio::time::timeout(config.shutdown_timeout, connections.acquire_many(max)).await;
+    Ok(())
 }

@@ -1,7 +1,10 @@
-//! What bounds a request: its body size (413), the decisions in flight (503 at once, never a
-//! pile-up) and its deadline (504).
+//! What bounds a request: its body size (413) and the time it takes to arrive (408), the
+//! decisions in flight (503 at once, never a pile-up) and its deadline (504); and where its CPU
+//! work runs (tokio's blocking pool, never a runtime worker).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request};
@@ -23,8 +26,10 @@ impl FromRequest<AppState> for Body {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        Bytes::from_request(request, state)
+        let limit = state.inner.config.read_timeout;
+        tokio::time::timeout(limit, Bytes::from_request(request, state))
             .await
+            .map_err(|_| ApiError::SlowBody(limit.as_secs()))?
             .map(Body)
             .map_err(|e| {
                 if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -57,20 +62,48 @@ pub(crate) async fn deadline<T>(
     let limit = state.inner.config.request_timeout;
     tokio::time::timeout(limit, future)
         .await
-        .unwrap_or(Err(ApiError::Timeout(limit.as_secs())))
+        .unwrap_or(Err(ApiError::Timeout(limit.as_secs_f64())))
+}
+
+/// Sets a flag when dropped: the request's future ended (answered, timed out, or dropped
+/// because the client went away), so its queued work is no longer wanted.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs CPU work (parsing and validating a large body, say) on tokio's blocking pool, so that
+/// the runtime's workers keep answering other requests meanwhile.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
 }
 
 /// Runs blocking work (the filter or the router, which call the batched engine's blocking path)
 /// on tokio's blocking pool, under the request's deadline and one admission slot.
+///
+/// The slot goes with the work and is freed when the work really ends, not when the request is
+/// answered; once the deadline passes or the client leaves, the work's rows still queued are
+/// dropped ([`with_cancel`](crate::batcher::with_cancel)), so it ends soon after.
 pub(crate) async fn blocking<T: Send + 'static>(
     state: &AppState,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let _permit = admit(state)?;
-    deadline(state, async {
-        tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))?
-    })
+    let permit = admit(state)?;
+    let flag = Arc::new(AtomicBool::new(false));
+    let _cancel = CancelOnDrop(flag.clone());
+    deadline(
+        state,
+        off_runtime(move || {
+            let _permit = permit;
+            crate::batcher::with_cancel(flag, work)
+        }),
+    )
     .await
 }

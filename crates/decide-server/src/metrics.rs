@@ -67,6 +67,7 @@ pub struct Metrics {
     batch_rows: Mutex<Histogram>,
     batches: AtomicU64,
     rows_deduplicated: AtomicU64,
+    rows_cancelled: AtomicU64,
     queue_depth: AtomicUsize,
     rejected: AtomicU64,
     largest_batch: AtomicUsize,
@@ -101,6 +102,12 @@ impl Metrics {
             .fetch_add(deduplicated as u64, Ordering::Relaxed);
         lock(&self.batch_requests).observe(&SIZE_BUCKETS, requests as f64);
         lock(&self.batch_rows).observe(&SIZE_BUCKETS, rows as f64);
+    }
+
+    /// `rows` rows of a request whose caller was gone, dropped from the queue unrun.
+    pub fn observe_cancelled(&self, rows: usize) {
+        self.rows_cancelled
+            .fetch_add(rows as u64, Ordering::Relaxed);
     }
 
     /// A request turned away because the server was at its limit.
@@ -167,6 +174,15 @@ impl Metrics {
             out,
             "decide_queue_depth {}",
             self.queue_depth.load(Ordering::Relaxed)
+        );
+        out.push_str(
+            "# HELP decide_rows_cancelled_total Rows dropped unrun because their caller was gone.\n",
+        );
+        out.push_str("# TYPE decide_rows_cancelled_total counter\n");
+        let _ = writeln!(
+            out,
+            "decide_rows_cancelled_total {}",
+            self.rows_cancelled.load(Ordering::Relaxed)
         );
         out.push_str("# HELP decide_rejected_total Requests turned away with 503.\n");
         out.push_str("# TYPE decide_rejected_total counter\n");

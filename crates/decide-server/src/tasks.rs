@@ -16,7 +16,7 @@ use decide_router::{RouteRequest, RouterError};
 use serde_json::{json, Map, Value};
 
 use crate::api_error::ApiError;
-use crate::limits::{blocking, Body};
+use crate::limits::{blocking, off_runtime, Body};
 use crate::AppState;
 
 /// The routes of this module.
@@ -26,23 +26,33 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/v1/route", post(route))
 }
 
-/// Refuses more options (tools or routes) than a request may carry.
-fn at_most(state: &AppState, field: &str, count: usize) -> Result<(), ApiError> {
-    let most = state.inner.config.limits.max_options;
+/// Reads a body as JSON and refuses more options (tools or routes, the array `field`) than a
+/// request may carry, before any per-option validation runs: the limit bounds that work too.
+fn parse_bounded(raw: &[u8], field: &str, most: usize) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(raw).map_err(decide_chat::ParseError::from)?;
+    let count = value
+        .get(field)
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
     if count > most {
         return Err(ApiError::bad(
             field,
             format!("{count} {field}, at most {most} allowed"),
         ));
     }
-    Ok(())
+    Ok(value)
 }
 
 /// `POST /v1/select`: a [`SelectRequest`] → `{"selected": [...], "scores": [...], "fallback"?}`.
 /// `target_recall` takes its threshold from the model's conformal table.
 async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Value>, ApiError> {
-    let request = SelectRequest::from_slice(&raw)?;
-    at_most(&state, "tools", request.tools.len())?;
+    let most = state.inner.config.limits.max_options;
+    let request = off_runtime(move || {
+        Ok(SelectRequest::from_value(parse_bounded(
+            &raw, "tools", most,
+        )?)?)
+    })
+    .await?;
     let builder = FilteringToolProvider::builder()
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(
             request.tools,
@@ -93,8 +103,13 @@ async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<V
 
 /// `POST /v1/route`: a [`RouteRequest`] → `{"route", "probabilities"}`.
 async fn route(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Value>, ApiError> {
-    let request = RouteRequest::from_slice(&raw)?;
-    at_most(&state, "routes", request.routes.routes().len())?;
+    let most = state.inner.config.limits.max_options;
+    let request = off_runtime(move || {
+        Ok(RouteRequest::from_value(parse_bounded(
+            &raw, "routes", most,
+        )?)?)
+    })
+    .await?;
     let router = request
         .router(Arc::new(state.inner.model.clone()))
         .map_err(|e| match e {

@@ -1384,3 +1384,90 @@ async fn a_cross_encoder_model_reranks_and_refuses_embeddings() {
         assert!((r["score"].as_f64().unwrap() - p).abs() <= 1e-5, "{got}");
     }
 }
+
+/// A POST with any headers; the body is JSON.
+async fn post_with(app: &Router, path: &str, headers: &[(&str, &str)], body: &str) -> StatusCode {
+    let mut req = Request::builder().method("POST").uri(path);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_case_insensitive_and_an_empty_key_is_refused() {
+    let (app, _) = app_with(ServerConfig {
+        api_key: Some("s3cret".into()),
+        ..ServerConfig::default()
+    });
+    let body = json!({"text": "hi", "routes": [{"name": "a", "description": "x"}], "default": "a"})
+        .to_string();
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let status = post_with(
+            &app,
+            "/v1/route",
+            &[("authorization", &format!("{scheme} s3cret"))],
+            &body,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{scheme}");
+    }
+    let status = post_with(
+        &app,
+        "/v1/route",
+        &[("authorization", "Basic s3cret")],
+        &body,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let empty = AppState::new(
+        engine().clone(),
+        ServerConfig {
+            api_key: Some(String::new()),
+            ..ServerConfig::default()
+        },
+    );
+    assert!(
+        empty.is_err(),
+        "an empty key must not mean no authentication"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_route_and_tool_limits_are_checked_before_the_entries_are() {
+    // Too many entries, and a mistake in the second: the limit is what is reported, because it
+    // is checked first (validating every entry of a huge list was the slow part).
+    let mut routes: Vec<Value> = (0..300)
+        .map(|i| json!({"name": format!("r{i}"), "description": "d"}))
+        .collect();
+    routes[1] = json!({"name": "r0", "description": "d"});
+    let (status, body) = post(
+        &app(),
+        "/v1/route",
+        json!({"text": "hi", "routes": routes, "default": "r0"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "routes", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("300 routes, at most 255"),
+        "{body}"
+    );
+    let tools: Vec<Value> = (0..300).map(|_| json!({"name": "same"})).collect();
+    let (status, body) = post(&app(), "/v1/select", json!({"text": "hi", "tools": tools})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("300 tools, at most 255"),
+        "{body}"
+    );
+}

@@ -62,9 +62,15 @@ pub struct ExampleSpool {
 }
 
 impl ExampleSpool {
-    /// Creates (or truncates) the scratch file at `path`.
+    /// Creates the scratch file at `path`; a file already there is an error, never truncated.
     pub fn create(path: &Path) -> Result<Self> {
-        let file = File::create(path).map_err(|e| TrainError::bad_file(path, e))?;
+        // Never truncates a file that is there already: the spool deletes its file when dropped,
+        // so it must be one it created.
+        let file = File::options()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| TrainError::bad_file(path, e))?;
         Ok(Self {
             path: path.to_path_buf(),
             writer: Some(BufWriter::new(file)),
@@ -221,9 +227,14 @@ impl Tokens {
         self.0.tokenizer()
     }
 
-    /// `text` tokenized without special tokens.
-    pub fn encode(&self, text: &str) -> Result<Encoded> {
-        Ok(self.0.encode(text)?)
+    /// A query tokenized without special tokens, as much of its end as a row can keep.
+    pub fn encode_query(&self, text: &str) -> Result<Encoded> {
+        Ok(self.0.encode_end(text)?)
+    }
+
+    /// A tool's text tokenized without special tokens, as much of its start as a row can keep.
+    pub fn encode_document(&self, text: &str) -> Result<Encoded> {
+        Ok(self.0.encode_start(text)?)
     }
 
     /// One text as the engine's bi-encoder reads it: a query keeps its end (the latest

@@ -119,7 +119,7 @@ impl Trainer {
         let tokens = Tokens::load(&base.join("tokenizer.json"), max_length)?;
         let documents = documents
             .iter()
-            .map(|d| tokens.encode(d))
+            .map(|d| tokens.encode_document(d))
             .collect::<Result<Vec<_>>>()?;
         let steps_per_epoch = pairs.len().div_ceil(hyper.batch_size);
         let vars = bert
@@ -303,7 +303,10 @@ impl Trainer {
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         let rows = texts
             .iter()
-            .map(|t| self.tokens.single_row(&self.tokens.encode(t)?, false))
+            .map(|t| {
+                self.tokens
+                    .single_row(&self.tokens.encode_document(t)?, false)
+            })
             .collect::<Result<Vec<_>>>()?;
         self.embed_rows(&rows.iter().collect::<Vec<_>>())
     }
@@ -314,8 +317,10 @@ impl Trainer {
         let rows = pairs
             .iter()
             .map(|(q, d)| {
-                self.tokens
-                    .pair_row(&self.tokens.encode(q)?, &self.tokens.encode(d)?)
+                self.tokens.pair_row(
+                    &self.tokens.encode_query(q)?,
+                    &self.tokens.encode_document(d)?,
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Row> = rows.iter().collect();
@@ -358,7 +363,7 @@ impl Trainer {
                     Ok((
                         key,
                         self.tokens
-                            .single_row(&self.tokens.encode(&e.query)?, true)?,
+                            .single_row(&self.tokens.encode_query(&e.query)?, true)?,
                     ))
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -500,7 +505,7 @@ impl Trainer {
             .iter()
             .map(|(e, _)| {
                 self.tokens
-                    .single_row(&self.tokens.encode(&cases[e].query)?, true)
+                    .single_row(&self.tokens.encode_query(&cases[e].query)?, true)
             })
             .collect::<Result<Vec<_>>>()?;
         let d_rows = docs
@@ -562,7 +567,7 @@ impl Trainer {
         }
         let mut queries: HashMap<u32, Encoded> = HashMap::new();
         for (e, case) in cases {
-            queries.insert(*e, self.tokens.encode(&case.query)?);
+            queries.insert(*e, self.tokens.encode_query(&case.query)?);
         }
         let rows = items
             .iter()
@@ -973,7 +978,7 @@ mod tests {
             .map(|(j, text)| {
                 let row = t
                     .tokens
-                    .single_row(&t.tokens.encode(text).unwrap(), false)
+                    .single_row(&t.tokens.encode_document(text).unwrap(), false)
                     .unwrap();
                 (Text::Doc(j as u32), row)
             })

@@ -21,6 +21,8 @@ use crate::tokenize::Tokenization;
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16_384;
 /// The default number of candidate embeddings kept by a bi-encoder.
 pub const DEFAULT_CACHE_CAPACITY: usize = 65_536;
+/// The default memory of a bi-encoder's embedding cache, texts and vectors counted: 64 MiB.
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// Configures and loads an [`Engine`]. Produces an immutable engine; all options have defaults.
 #[derive(Debug, Clone)]
@@ -31,6 +33,7 @@ pub struct EngineBuilder {
     max_batch_tokens: usize,
     max_length: Option<usize>,
     cache_capacity: usize,
+    cache_bytes: usize,
     calibration: Option<Calibration>,
     lexical_weight: Option<f64>,
     allow_uncalibrated: bool,
@@ -46,6 +49,7 @@ impl Default for EngineBuilder {
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             max_length: None,
             cache_capacity: DEFAULT_CACHE_CAPACITY,
+            cache_bytes: DEFAULT_CACHE_BYTES,
             calibration: None,
             lexical_weight: None,
             allow_uncalibrated: false,
@@ -89,6 +93,13 @@ impl EngineBuilder {
     /// How many candidate embeddings a bi-encoder keeps (default 65536; 0 disables the cache).
     pub fn cache_capacity(mut self, entries: usize) -> Self {
         self.cache_capacity = entries;
+        self
+    }
+
+    /// The most memory the embedding cache takes, texts and vectors counted (default
+    /// [`DEFAULT_CACHE_BYTES`]); the oldest embeddings go first.
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
         self
     }
 
@@ -256,6 +267,9 @@ impl Engine {
             max_length = requested;
         }
 
+        if let Some(manifest) = &location.manifest {
+            crate::registry::verify_files(&dir, manifest)?;
+        }
         let backend = CandleBackend::load(
             &dir,
             config,
@@ -306,16 +320,24 @@ impl Engine {
             conformal,
         };
         tracing::debug!(model = %info.name, dir = %dir.display(), head = info.head.as_str(), "model loaded");
-        Ok(Engine {
+        let engine = Engine {
             inner: Arc::new(Inner {
                 tokens: tokens.with_max_length(info.max_length),
                 info,
                 backend: Box::new(backend),
                 max_batch_tokens: options.max_batch_tokens,
                 entailment_index,
-                cache: Mutex::new(EmbeddingCache::new(options.cache_capacity)),
+                cache: Mutex::new(EmbeddingCache::new(
+                    options.cache_capacity,
+                    options.cache_bytes,
+                )),
                 lexical: Default::default(),
             }),
-        })
+        };
+        // One short row through the model: weights that compute NaN (and that no checksum
+        // covers) fail here, at load, rather than as a fallback on every request.
+        let probe = engine.inner.tokens.encode_document("probe")?;
+        engine.run(&[probe])?;
+        Ok(engine)
     }
 }

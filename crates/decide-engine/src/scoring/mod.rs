@@ -25,7 +25,9 @@ mod cache;
 pub(crate) mod decision;
 pub(crate) mod staged;
 
-pub use builder::{EngineBuilder, DEFAULT_CACHE_CAPACITY, DEFAULT_MAX_BATCH_TOKENS};
+pub use builder::{
+    EngineBuilder, DEFAULT_CACHE_BYTES, DEFAULT_CACHE_CAPACITY, DEFAULT_MAX_BATCH_TOKENS,
+};
 use cache::EmbeddingCache;
 
 /// What kind of number a model's raw score is.
@@ -197,7 +199,13 @@ impl Engine {
                 (r.ids.as_slice(), r.type_ids.as_slice())
             })
             .collect();
-        self.inner.backend.forward(&rows)
+        let outputs = self.inner.backend.forward(&rows)?;
+        if outputs.iter().flatten().any(|x| !x.is_finite()) {
+            return Err(EngineError::NonFinite {
+                model: self.inner.info.name.clone(),
+            });
+        }
+        Ok(outputs)
     }
 
     fn wrong_head(&self, message: &str) -> EngineError {

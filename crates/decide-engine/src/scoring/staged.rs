@@ -153,12 +153,12 @@ impl Engine {
             HeadName::BiEncoder => self.stage_bi(&[query], candidates),
             HeadName::CrossEncoder => {
                 let tokens = &self.inner.tokens;
-                let q = tokens.encode(query)?;
+                let q = tokens.encode_end(query)?;
                 let rows = candidates
                     .iter()
                     .map(|c| {
                         tokens
-                            .pair_row(q.clone(), tokens.encode(c)?)
+                            .pair_row(q.clone(), tokens.encode_start(c)?)
                             .map(EncodedRow)
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -174,6 +174,9 @@ impl Engine {
 
     fn stage_bi(&self, views: &[&str], candidates: &[&str]) -> Result<StagedScores> {
         let tokens = &self.inner.tokens;
+        // Only the part of a text the model reads is kept, copied and cached.
+        let candidates: Vec<&str> = candidates.iter().map(|c| tokens.document_part(c)).collect();
+        let candidates = candidates.as_slice();
         let mut rows = views
             .iter()
             .map(|v| tokens.encode_query(v).map(EncodedRow))
