@@ -893,15 +893,7 @@ fn assert_fused_kernels_match_stock(set: &str) {
             s[0]["tool"], f[0]["tool"],
             "{set}: top-1 differs: {s:?} {f:?}"
         );
-        let fused_p: std::collections::HashMap<&str, f64> = f
-            .iter()
-            .map(|r| {
-                (
-                    r["tool"].as_str().unwrap(),
-                    r["probability"].as_f64().unwrap(),
-                )
-            })
-            .collect();
+        let fused_p = probabilities(f);
         for r in s {
             let tool = r["tool"].as_str().unwrap();
             let diff = (r["probability"].as_f64().unwrap() - fused_p[tool]).abs();
@@ -913,6 +905,19 @@ fn assert_fused_kernels_match_stock(set: &str) {
         "{set}: {} cases, same top-1, max |probability difference| {max_diff:.2e}",
         stock.len()
     );
+}
+
+/// A ranking's probabilities by tool name.
+fn probabilities(ranking: &[serde_json::Value]) -> std::collections::HashMap<&str, f64> {
+    ranking
+        .iter()
+        .map(|r| {
+            (
+                r["tool"].as_str().unwrap(),
+                r["probability"].as_f64().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// int8 against f32 on the own reporting part, case by case. What int8 keeps, as measured
@@ -951,15 +956,7 @@ fn int8_stays_close_to_f32_on_the_own_reporting_part() {
             q["ranking"].as_array().unwrap(),
         );
         same += (f[0]["tool"] == q[0]["tool"]) as usize;
-        let p: std::collections::HashMap<&str, f64> = q
-            .iter()
-            .map(|r| {
-                (
-                    r["tool"].as_str().unwrap(),
-                    r["probability"].as_f64().unwrap(),
-                )
-            })
-            .collect();
+        let p = probabilities(q);
         for r in f {
             let diff = (r["probability"].as_f64().unwrap() - p[r["tool"].as_str().unwrap()]).abs();
             max_diff = max_diff.max(diff);
