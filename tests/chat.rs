@@ -110,24 +110,14 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn decide_chat(args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_decide"));
+    command
         .current_dir(root())
         .arg("chat")
         .args(args)
         .env_remove("DECIDE_BASE_URL")
-        .env_remove("DECIDE_API_KEY")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+        .env_remove("DECIDE_API_KEY");
+    common::run_with_input(command, input)
 }
 
 fn names(request: &Value) -> Vec<String> {

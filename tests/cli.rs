@@ -1572,23 +1572,12 @@ fn rerank_rescores_only_the_shortlist() {
 
 /// Runs `decide` with `args` and `input` on its standard input (a pipe).
 fn decide_with_stdin(args: &[&str], input: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_decide"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_decide"));
+    command
         .args(args)
         .current_dir(root())
-        .env_remove("DECIDE_MODEL")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+        .env_remove("DECIDE_MODEL");
+    common::run_with_input(command, input)
 }
 
 #[test]

@@ -20,6 +20,25 @@ pub fn decide(args: &[&str]) -> Output {
         .expect("run decide")
 }
 
+/// Runs `command` with `input` written to its standard input (a pipe, closed after the input), and
+/// collects its output.
+pub fn run_with_input(mut command: Command, input: &str) -> Output {
+    use std::io::Write;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start decide");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(input.as_bytes())
+        .expect("write the input");
+    child.wait_with_output().expect("wait for decide")
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
