@@ -276,10 +276,11 @@ def template(args) -> str:
         "`models/build.py assemble` (see [build]), then checks every file against [files]. "
         f"scripts/train-tool-model reproduces {delta_name} and this manifest from the data.",
         "The calibration and the conformal table were fitted by `decide calibrate` on held-out "
-        "cases only: the cases of the tools held out from training, plus "
-        "crates/decide-eval/data/own/tune.jsonl (select.jsonl of scripts/tooldata/prepare.py), "
-        "and the hand-written MCP conversations of models/calibration/tools.jsonl; "
-        "never on the report parts.",
+        "conversations with real MCP tools, the kind of catalogue the model serves: "
+        "crates/decide-eval/data/own/tune.jsonl and models/calibration/tools.jsonl, neither of "
+        "them trained on; never on the report parts. (The synthetic held-out cases that epochs "
+        "were chosen on are easier than MCP conversations, and would promise a recall that MCP "
+        "catalogues do not get.)",
     ]
     head = []
     for p in paragraphs:

@@ -19,7 +19,7 @@ use crate::args::{CasesArgs, EvalArgs, FilterArgs, Global};
 use crate::decider::Decider;
 use crate::input::Cases;
 use crate::score::progress;
-use crate::select::{build_filter, select};
+use crate::select::{build_filter_scoring, select};
 
 pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     // The selected set is measured at the threshold alone; recall@k already says what keeping only the k most
@@ -170,7 +170,9 @@ fn evaluate_cases_to(
             );
         };
         let started = Instant::now();
-        let provider = build_filter(engine, case.tools, filter)?;
+        // Called tools are scored too: they pass either way, but ranked at 1.0 they would measure
+        // the conversation's history rather than the model.
+        let provider = build_filter_scoring(engine, case.tools, filter, true)?;
         threshold = provider.min_probability();
         let (selection, scores) = select(&provider, &case.messages).with_context(at)?;
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -181,16 +183,21 @@ fn evaluate_cases_to(
         let mut candidates = Vec::with_capacity(scores.len());
         let mut pairs = 0;
         for s in &scores {
-            let probability = match (s.probability, s.reason.is_without_asking()) {
+            let passed = s.reason.is_without_asking();
+            let probability = match (s.probability, passed) {
                 (Some(p), _) => {
                     pairs += 1;
                     p
                 }
-                // Passed without asking: certain, as far as the selection goes.
+                // Passed without asking and not scored: certain, as far as the selection goes.
                 (None, true) => 1.0,
                 (None, false) => bail!("{}: tool \"{}\": no probability", at(), s.name),
             };
-            candidates.push(Candidate::new(s.name.clone(), probability));
+            candidates.push(if passed {
+                Candidate::passed(s.name.clone(), probability)
+            } else {
+                Candidate::new(s.name.clone(), probability)
+            });
         }
         let scored = ScoredCase::new(expected, candidates, latency_ms, pairs);
         // Checked here, where the line number is known, rather than by `evaluate` at the end.

@@ -43,6 +43,17 @@ pub fn build_filter(
     tools: Vec<ToolSpecification>,
     args: &FilterArgs,
 ) -> anyhow::Result<FilteringToolProvider> {
+    build_filter_scoring(engine, tools, args, false)
+}
+
+/// [`build_filter`], with `score_called` asking the model about the tools the conversation
+/// already called too (they pass either way): what `eval` measures.
+pub fn build_filter_scoring(
+    engine: &Decider,
+    tools: Vec<ToolSpecification>,
+    args: &FilterArgs,
+    score_called: bool,
+) -> anyhow::Result<FilteringToolProvider> {
     if args.min_probability.is_some() && args.target_recall.is_some() {
         bail!("--target-recall: replaces --min-probability: give one of them, not both")
     }
@@ -55,7 +66,8 @@ pub fn build_filter(
     })?;
     let builder = FilteringToolProvider::builder()
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(tools)))
-        .decision_model(engine.decision_model());
+        .decision_model(engine.decision_model())
+        .score_called_tools(score_called);
     opts.apply(builder, || {
         engine.require_conformal().context("--target-recall")
     })?

@@ -14,11 +14,14 @@
 //!   answers alone). Every name must be one of the candidates, and none may be repeated.
 //! * `candidates`: every tool of the case's catalogue, in catalogue order, each with a probability in `[0, 1]`.
 //!   **A tool that passed without asking the model** (always visible, always included, already called, or a user
-//!   message without text) **counts as probability 1.0**: it is selected at any threshold, ranks first, and
-//!   enters the calibration error as a confident prediction.
+//!   message without text) is marked [`passed_without_asking`](Candidate::passed_without_asking). It keeps the
+//!   model's probability when the model scored it anyway (`decide eval` scores called tools, so that they rank
+//!   as the model ranks them, not first because the conversation called them), and **counts as probability
+//!   1.0** when it was not scored: then it is selected at any threshold, ranks first, and enters the
+//!   calibration error as a confident prediction.
 //! * `latency_ms`: the time of the whole decision for the case, in milliseconds.
-//! * `pairs`: how many (conversation, tool) pairs the model scored for the case (tools passed without asking are
-//!   not scored).
+//! * `pairs`: how many (conversation, tool) pairs the model scored for the case (tools passed without asking
+//!   count only when they were scored).
 //!
 //! # Metrics
 //!
@@ -43,7 +46,8 @@
 //!     when no case expects a tool.
 //!   * **no-tool cases with nothing selected**: over the cases with no expected tool, the share whose selected set
 //!     is empty.
-//!   * **tools selected per case**: the mean size of the selected set over all cases.
+//!   * **tools selected per case**: the mean number of tools the filter passes on per case: the selected set plus
+//!     the tools passed without asking.
 //! * **Expected calibration error** (ECE): every (case, tool) pair is a prediction `p` with the label 1 if the tool
 //!   was expected and 0 otherwise. The pairs fall into 10 equal-width bins by `p`: bin `b` = min(⌊10·p⌋, 9), so
 //!   bin `b` holds `[b/10, (b+1)/10)` and the last bin also holds 1.0. ECE = Σ over non-empty bins of
@@ -169,8 +173,12 @@ impl Reliability {
 pub struct Candidate {
     /// The tool's name, unique within the case.
     pub name: String,
-    /// The probability that the case needs the tool, in `[0, 1]`; 1.0 for a tool that passed without asking.
+    /// The probability that the case needs the tool, in `[0, 1]`: the model's, or 1.0 for a tool that passed
+    /// without asking and was not scored.
     pub probability: f64,
+    /// Whether the filter passes the tool whatever its probability (always visible, always included, already
+    /// called): it counts in the tools selected per case, and nowhere else.
+    pub passed_without_asking: bool,
 }
 
 impl Candidate {
@@ -179,6 +187,16 @@ impl Candidate {
         Self {
             name: name.into(),
             probability,
+            passed_without_asking: false,
+        }
+    }
+
+    /// A candidate the filter passes whatever its probability, which is the model's when it was scored and 1.0
+    /// when it was not.
+    pub fn passed(name: impl Into<String>, probability: f64) -> Self {
+        Self {
+            passed_without_asking: true,
+            ..Self::new(name, probability)
         }
     }
 }
@@ -437,7 +455,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
             let label = case.is_expected(&c.name);
             let selected = c.probability >= threshold;
             selected_any |= selected;
-            selected_total += usize::from(selected);
+            selected_total += usize::from(selected || c.passed_without_asking);
             match (selected, label) {
                 (true, true) => true_pos += 1,
                 (true, false) => false_pos += 1,

@@ -442,3 +442,28 @@ fn an_empty_group_is_none_and_the_groups_add_up() {
         })
     );
 }
+
+#[test]
+fn a_scored_tool_passed_without_asking_ranks_by_its_probability_and_counts_only_as_passed() {
+    // A no-tool case after a call of t0, which the model finds unlikely (0.1): t1 ranks first, the
+    // model selected nothing at 0.5, and the filter still passes t0.
+    let no_tool = ScoredCase::new(
+        Vec::<String>::new(),
+        [Candidate::passed("t0", 0.1), Candidate::new("t1", 0.3)],
+        1.0,
+        2,
+    );
+    let needs_t1 = ScoredCase::new(
+        ["t1"],
+        [Candidate::passed("t0", 0.2), Candidate::new("t1", 0.6)],
+        1.0,
+        2,
+    );
+    let r = evaluate(&[no_tool, needs_t1], 0.5).unwrap();
+    close_some(r.top1_accuracy, 1.0);
+    close_some(r.no_tool_none_selected, 1.0);
+    close_some(r.precision, 1.0);
+    close_some(r.recall, 1.0);
+    // Selected: t0 in both (passed), t1 in the second.
+    close(r.mean_selected, 1.5);
+}

@@ -44,6 +44,7 @@ pub struct FilteringToolProvider {
     always_include: Vec<String>,
     fallback: Fallback,
     question_template: QuestionTemplate,
+    score_called_tools: bool,
 }
 
 impl FilteringToolProvider {
@@ -65,6 +66,7 @@ impl FilteringToolProvider {
             always_include: Vec::new(),
             fallback: Fallback::default(),
             question_template: QuestionTemplate::default(),
+            score_called_tools: false,
         }
     }
 
@@ -113,6 +115,11 @@ impl FilteringToolProvider {
     /// What is passed on when the decision model fails or refuses.
     pub fn fallback(&self) -> Fallback {
         self.fallback
+    }
+
+    /// Whether the tools the conversation already called are also scored (they pass either way).
+    pub fn score_called_tools(&self) -> bool {
+        self.score_called_tools
     }
 
     /// The template of the question asked about each tool.
@@ -242,7 +249,18 @@ impl FilteringToolProvider {
                 None => decision(tool, Reason::Asked, false),
             })
             .collect();
+        // Called tools pass whatever the model says; with `score_called_tools` the model is asked
+        // about them too, so that an evaluation ranks them by the model rather than first.
         let candidates: Vec<usize> = (0..tools.len())
+            .filter(|&i| match decisions[i].reason {
+                Reason::Asked => true,
+                Reason::AlreadyCalled => self.score_called_tools,
+                _ => false,
+            })
+            .collect();
+        let asked: Vec<usize> = candidates
+            .iter()
+            .copied()
             .filter(|&i| decisions[i].reason == Reason::Asked)
             .collect();
 
@@ -259,7 +277,9 @@ impl FilteringToolProvider {
             }
             match outcome {
                 Ok(()) => {
-                    for i in self.passing(&candidates, &probabilities) {
+                    let asked_probabilities: Vec<Option<f64>> =
+                        asked.iter().map(|&i| decisions[i].probability).collect();
+                    for i in self.passing(&asked, &asked_probabilities) {
                         decisions[i].passed = true;
                     }
                 }
@@ -274,7 +294,7 @@ impl FilteringToolProvider {
                         candidates = candidates.len(),
                         "the decision model failed, so the tool filter falls back: {error}"
                     );
-                    for &i in &candidates {
+                    for &i in &asked {
                         decisions[i].passed = pass_all;
                     }
                     selection.fallback = Some(FallbackUsed {
@@ -429,6 +449,7 @@ impl fmt::Debug for FilteringToolProvider {
             .field("always_include", &self.always_include)
             .field("fallback", &self.fallback)
             .field("question_template", &self.question_template.as_str())
+            .field("score_called_tools", &self.score_called_tools)
             .finish()
     }
 }
@@ -496,6 +517,7 @@ pub struct FilteringToolProviderBuilder {
     always_include: Vec<String>,
     fallback: Fallback,
     question_template: String,
+    score_called_tools: bool,
 }
 
 impl Default for FilteringToolProviderBuilder {
@@ -513,6 +535,7 @@ impl Default for FilteringToolProviderBuilder {
             always_include: Vec::new(),
             fallback: Fallback::default(),
             question_template: DEFAULT_QUESTION_TEMPLATE.to_owned(),
+            score_called_tools: false,
         }
     }
 }
@@ -611,6 +634,16 @@ impl FilteringToolProviderBuilder {
         self
     }
 
+    /// Also ask the model about the tools the conversation already called; default false. They are
+    /// passed on either way (some LLM providers reject requests whose messages call tools that are
+    /// not in the request), so this changes no selection: it costs one pair per called tool and
+    /// gives each its probability, which an evaluation of the model needs to rank it as the model
+    /// would rather than first.
+    pub fn score_called_tools(mut self, score: bool) -> Self {
+        self.score_called_tools = score;
+        self
+    }
+
     /// Checks every option and builds the filter.
     pub fn build(self) -> Result<FilteringToolProvider, FilterError> {
         let tool_provider = self
@@ -665,6 +698,7 @@ impl FilteringToolProviderBuilder {
             always_include: self.always_include,
             fallback: self.fallback,
             question_template,
+            score_called_tools: self.score_called_tools,
         })
     }
 }
@@ -687,6 +721,7 @@ impl fmt::Debug for FilteringToolProviderBuilder {
             .field("always_include", &self.always_include)
             .field("fallback", &self.fallback)
             .field("question_template", &self.question_template)
+            .field("score_called_tools", &self.score_called_tools)
             .finish()
     }
 }

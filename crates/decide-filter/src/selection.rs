@@ -95,7 +95,7 @@ pub struct ToolDecision {
     /// Why it was passed on or not.
     pub reason: Reason,
     /// The decision model's probability that the tool is useful; only for [`Reason::Asked`] tools whose batch the
-    /// model answered.
+    /// model answered, and for [`Reason::AlreadyCalled`] ones when the filter also scores called tools.
     pub probability: Option<f64>,
     /// Whether the tool was passed on.
     pub passed: bool,

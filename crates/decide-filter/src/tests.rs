@@ -732,6 +732,37 @@ fn tools_already_called_pass_without_asking() {
 }
 
 #[test]
+fn called_tools_can_be_scored_and_still_pass_whatever_the_model_says() {
+    let model = mock();
+    let filter = builder(catalogue(), &model)
+        .score_called_tools(true)
+        .max_results(1)
+        .build()
+        .unwrap();
+    assert!(filter.score_called_tools());
+    let history = vec![
+        ChatMessage::user("Mail Bob that it will rain"),
+        call("c1", "send_email", r#"{"to":"bob"}"#),
+        ChatMessage::tool_result(Some("c1"), None, "sent"),
+    ];
+    let selection = filter.select(&ask_with("Will it rain?", history)).unwrap();
+    // send_email (0.05) is asked about too, and passes although the model finds it unlikely; it
+    // takes none of max_results' one place, which get_weather (0.95) keeps.
+    assert_eq!(
+        asked(&model),
+        [
+            "send_email",
+            "get_weather",
+            "create_invoice",
+            "get_forecast"
+        ]
+    );
+    assert_eq!(selection.names(), ["send_email", "get_weather"]);
+    assert_eq!(selection.decisions[0].reason, Reason::AlreadyCalled);
+    assert_eq!(selection.probability("send_email"), Some(0.05));
+}
+
+#[test]
 fn only_the_wrapped_providers_tools_are_filtered() {
     let model = Arc::new(MockDecisionModel::answers_yes_no(|_| 1.0));
     let filter = builder(catalogue(), &model)

@@ -92,10 +92,12 @@ impl Engine {
     /// Stages the scoring of `candidates` against a decision input: what [`DecisionModel`]
     /// answers use.
     ///
-    /// A bi-encoder embeds two views of a conversation, the whole (trimmed from its oldest end)
-    /// and the last user message alone, and takes the better cosine of the two: one vector for
-    /// a long history dilutes the request ("email it to Anna") with the earlier turns, while the
-    /// last message alone misses what a follow-up ("do the same for Berlin") refers to.
+    /// A bi-encoder embeds several views of a conversation, the whole (trimmed from its oldest
+    /// end), the last user message alone and, when that message asks for several things, each
+    /// of its [clauses](clauses), and takes the best cosine of them: one vector for a long
+    /// history dilutes the request ("email it to Anna") with the earlier turns, the last message
+    /// alone misses what a follow-up ("do the same for Berlin") refers to, and one vector for
+    /// two requests ("do the same for Berlin and email it to Anna") sits between their tools.
     ///
     /// [`DecisionModel`]: decide_contract::DecisionModel
     pub(crate) fn stage_input(
@@ -105,10 +107,20 @@ impl Engine {
     ) -> Result<StagedScores> {
         let full = input.render();
         match (self.inner.info.head, input.last_user_text()) {
-            (HeadName::BiEncoder, Some(last))
-                if last.trim() != full.trim() && !candidates.is_empty() =>
-            {
-                self.stage_bi(&[&full, last], candidates)
+            (HeadName::BiEncoder, Some(last)) if !candidates.is_empty() => {
+                let mut views: Vec<&str> = vec![&full];
+                if last.trim() != full.trim() {
+                    views.push(last);
+                }
+                let parts = clauses(last);
+                if parts.len() > 1 {
+                    views.extend(parts);
+                }
+                if views.len() > 1 {
+                    self.stage_bi(&views, candidates)
+                } else {
+                    self.stage_query(&full, candidates)
+                }
             }
             _ => self.stage_query(&full, candidates),
         }
@@ -281,5 +293,67 @@ impl Engine {
         let rows = staged.take_rows();
         let outputs = self.forward_rows(&rows)?;
         self.finish_scores(staged, outputs)
+    }
+}
+
+/// The clauses of a request: its sentences, and within them the parts joined by "and" or "then",
+/// each of at least three words (shorter parts, "and Paris", are objects of another clause, not
+/// requests). Splitting is on words and punctuation alone, so it knows no language but English.
+pub(crate) fn clauses(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for sentence in text.split(['.', '?', '!', '\n', ';']) {
+        let mut rest = sentence;
+        loop {
+            let cut = [" and then ", " and ", " then ", ", then "]
+                .iter()
+                .filter_map(|sep| rest.find(sep).map(|at| (at, sep.len())))
+                // The longest separator at the first place: " and then " over " and ".
+                .min_by_key(|&(at, len)| (at, std::cmp::Reverse(len)));
+            let (part, next) = match cut {
+                Some((at, len)) => (&rest[..at], Some(&rest[at + len..])),
+                None => (rest, None),
+            };
+            if part.split_whitespace().count() >= 3 {
+                out.push(part.trim());
+            }
+            match next {
+                Some(n) => rest = n,
+                None => break,
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clauses;
+
+    #[test]
+    fn a_request_splits_into_its_clauses() {
+        assert_eq!(
+            clauses("Do the same for Berlin and email it to Anna"),
+            ["Do the same for Berlin", "email it to Anna"]
+        );
+        assert_eq!(
+            clauses("Check the forecast. Then post it in #general; thanks!"),
+            ["Check the forecast", "Then post it in #general"]
+        );
+        assert_eq!(
+            clauses("read the log and then open an issue for the crash"),
+            ["read the log", "open an issue for the crash"]
+        );
+    }
+
+    #[test]
+    fn short_parts_and_single_requests_stay_whole() {
+        // "and Paris" names a second object, not a second request.
+        assert_eq!(
+            clauses("What is the weather in Rome and Paris?"),
+            ["What is the weather in Rome"]
+        );
+        assert_eq!(clauses("Is it going to snow?"), ["Is it going to snow"]);
+        assert!(clauses("hi").is_empty());
+        assert!(clauses("").is_empty());
     }
 }
