@@ -14,7 +14,7 @@ epoch of ``--epoch-pairs`` pairs would take at the measured rate.
 
     python3 benches/train_speed.py --data target/tool-model/data/train.jsonl \\
         [--cases 2000] [--full-cases 150] [--rounds 1] [--epoch-pairs 35000] \\
-        [--decide target/release/decide] [--out target/train-speed.json]
+        [--decide target/release/decide] [--out target/train-speed.json] [--keep DIR]
 
 Needs `cargo build --release -p decide-cli` and `models/fetch`. Writes only under target/.
 """
@@ -65,11 +65,15 @@ def train(args, data: Path, frozen: int, scratch: Path) -> dict:
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - started
+    if args.keep and frozen == 3:
+        shutil.rmtree(args.keep, ignore_errors=True)
+        shutil.move(str(out), args.keep)
     shutil.rmtree(out, ignore_errors=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         fail(f"{' '.join(cmd)}: exit {done.returncode}: {last}")
-    found = [m for m in map(SUMMARY.search, done.stderr.splitlines()) if m]
+    # The summary is on standard output, the progress on standard error.
+    found = [m for m in map(SUMMARY.search, (done.stdout + done.stderr).splitlines()) if m]
     if not found:
         fail(f"{' '.join(cmd)}: no summary line in its output")
     m = found[-1]
@@ -111,6 +115,7 @@ def main() -> None:
     ap.add_argument("--base", default="all-MiniLM-L6-v2")
     ap.add_argument("--decide", default=str(ROOT / "target" / "release" / "decide"))
     ap.add_argument("--out", type=Path, default=ROOT / "target" / "train-speed.json")
+    ap.add_argument("--keep", type=Path, help="keep the frozen path's model folder here (its last round's)")
     a = ap.parse_args()
     if not a.data.is_file():
         fail(f"{a.data}: not a file (run scripts/tooldata/prepare.py first)")

@@ -54,7 +54,7 @@ fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {
         "the filter must filter: {names:?}"
     );
     // The follow-up asks for an email too: the trained default model ranks it first of the
-    // tools it is asked about, at 0.407 (calibrated on MCP conversations), and passes it when the
+    // tools it is asked about, at 0.410 (calibrated on MCP conversations), and passes it when the
     // filter is asked for a miss rate rather than a threshold.
     let p = |name: &str| {
         asked.iter().find(|s| s["name"] == name).unwrap()["probability"]
@@ -74,7 +74,7 @@ fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {
         names.iter().any(|n| n == "get_forecast") && names.iter().any(|n| n == "send_email"),
         "{names:?}"
     );
-    // 90% of needed MCP tools (the calibration cases') lie above 0.0116: 9 of the 27 tools.
+    // 90% of needed MCP tools (the calibration cases') lie above 0.0113: 9 of the 27 tools.
     assert!(
         names.len() < all.len() / 2,
         "the filter must filter: {names:?}"

@@ -152,6 +152,7 @@ fn a_tiny_model_trains_and_loads_with_model() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("epoch 1/2: loss"), "{err}");
     assert!(err.contains("eval recall@5"), "{err}");
+    assert!(err.contains("1 no-tool cases skipped"), "{err}");
     assert!(String::from_utf8_lossy(&o.stdout).contains("wrote"));
     assert!(!Path::new(&format!("{out}.partial")).exists());
     let manifest = std::fs::read_to_string(Path::new(&out).join("manifest.toml")).unwrap();
@@ -178,6 +179,36 @@ fn a_tiny_model_trains_and_loads_with_model() {
         Path::new(&other).parent().unwrap().to_str().unwrap(),
     ]);
     assert_one_line_error(&o, "is not a model written by decide train");
+    // With a margin the no-tool case trains too, and the manifest says with which.
+    let margin = t.path("margin");
+    let o = decide(&[
+        "train",
+        "--base",
+        &fixture,
+        "--data",
+        &data,
+        "--tools",
+        &tools,
+        "--out",
+        &margin,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--max-length",
+        "32",
+        "--no-tool-margin",
+        "0.3",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("1 no-tool cases trained against the margin"),
+        "{err}"
+    );
+    let manifest = std::fs::read_to_string(Path::new(&margin).join("manifest.toml")).unwrap();
+    assert!(manifest.contains("no_tool_margin = 0.3"), "{manifest}");
+    assert!(manifest.contains("no_tool_cases_skipped = 0"), "{manifest}");
 }
 
 #[test]

@@ -550,6 +550,11 @@ pub struct TrainArgs {
     /// differs from its base only in those layers (0: train every weight).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub freeze_layers: usize,
+    /// Train on the cases that need no tool too (otherwise skipped): a needed tool must reach
+    /// this cosine and beat it, and no tool of a no-tool case may reach it; a fixed column in
+    /// every row's softmax (bi-encoder only).
+    #[arg(long, value_name = "COSINE")]
+    pub no_tool_margin: Option<f64>,
     #[command(flatten)]
     pub filter: FilterArgs,
 }

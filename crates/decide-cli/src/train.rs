@@ -255,6 +255,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         hard_negative_pool: args.hard_negatives,
         head,
         frozen_layers: args.freeze_layers,
+        no_tool_margin: args.no_tool_margin,
         ..Hyper::default()
     };
     let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
@@ -296,10 +297,12 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             candidates.push(idx);
         }
         if positives.is_empty() {
-            // A case that needs no tool has no positive to pull towards; its tools still serve
-            // as negatives for the others.
             no_tool += 1;
-            return Ok(());
+            // Without a margin a case that needs no tool has nothing to pull towards; its tools
+            // still serve as negatives for the others.
+            if hyper.no_tool_margin.is_none() {
+                return Ok(());
+            }
         }
         spool.push(&Example {
             query: input.render(),
@@ -338,7 +341,12 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         training.insert("tools_sha256".into(), file_sha256(p)?.into());
     }
     training.insert("cases".into(), (cases as i64).into());
-    training.insert("no_tool_cases_skipped".into(), (no_tool as i64).into());
+    let skipped = if hyper.no_tool_margin.is_some() {
+        0
+    } else {
+        no_tool
+    };
+    training.insert("no_tool_cases_skipped".into(), (skipped as i64).into());
     training.insert("pairs".into(), (trainer.pairs_per_epoch() as i64).into());
     training.insert(
         "calibrated_on".into(),
@@ -376,10 +384,15 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     };
 
     eprintln!(
-        "training a {} from {base_spec} on {} ({cases} cases, {} pairs, {no_tool} no-tool cases skipped) for {} epochs, {} steps, on {}",
+        "training a {} from {base_spec} on {} ({cases} cases, {} pairs, {no_tool} no-tool cases {}) for {} epochs, {} steps, on {}",
         head.name(),
         args.data.display(),
         trainer.pairs_per_epoch(),
+        if hyper.no_tool_margin.is_some() {
+            "trained against the margin"
+        } else {
+            "skipped"
+        },
         args.epochs,
         trainer.total_steps(),
         global.device

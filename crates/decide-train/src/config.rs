@@ -33,6 +33,10 @@ pub struct Hyper {
     /// trains). Their outputs are computed once per text, without dropout, and reused: a step
     /// runs forward and backward only through the layers above.
     pub frozen_layers: usize,
+    /// With a value, cases that need no tool train too: every row's softmax gains a column of
+    /// this fixed cosine, which a needed tool must beat and which a no-tool case's row must
+    /// win against every tool of the batch. `None`: no-tool cases are skipped (bi-encoder only).
+    pub no_tool_margin: Option<f64>,
 }
 
 impl Default for Hyper {
@@ -51,6 +55,7 @@ impl Default for Hyper {
             hard_negative_pool: 5,
             head: TrainHead::BiEncoder,
             frozen_layers: 0,
+            no_tool_margin: None,
         }
     }
 }
@@ -81,6 +86,14 @@ impl Hyper {
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", "must be in [0, 1)");
         }
+        if let Some(m) = self.no_tool_margin {
+            if !(-1.0..=1.0).contains(&m) {
+                return bad("no-tool-margin", "must be a cosine, between -1 and 1");
+            }
+            if self.head != TrainHead::BiEncoder {
+                return bad("no-tool-margin", "trains a bi-encoder only");
+            }
+        }
         Ok(())
     }
 
@@ -109,6 +122,9 @@ impl Hyper {
         );
         t.insert("head".into(), self.head.name().into());
         t.insert("frozen_layers".into(), (self.frozen_layers as i64).into());
+        if let Some(m) = self.no_tool_margin {
+            t.insert("no_tool_margin".into(), m.into());
+        }
         t
     }
 }

@@ -33,6 +33,9 @@ pub struct StepReport {
 /// length.
 const BUCKET_ROWS: usize = 16;
 
+/// The "positive" of a case that needs no tool, in the (example, positive) pairs.
+const NO_TOOL: u32 = u32::MAX;
+
 /// A text whose frozen-layer output is cached: a document, or a case's query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Text {
@@ -87,14 +90,25 @@ impl Trainer {
             ));
         }
         let mut pairs = Vec::new();
+        let no_tool = hyper.no_tool_margin.is_some();
         for i in 0..examples.len() {
             let e = examples.example(i)?;
-            if e.positives.is_empty() || e.positives.iter().any(|&p| p >= documents.len()) {
+            if (e.positives.is_empty() && !no_tool)
+                || e.positives.iter().any(|&p| p >= documents.len())
+            {
                 return Err(TrainError::BadData(format!(
                     "example {i}: positives must be indexes of documents"
                 )));
             }
+            if e.positives.is_empty() {
+                pairs.push((i as u32, NO_TOOL));
+            }
             pairs.extend(e.positives.iter().map(|&p| (i as u32, p as u32)));
+        }
+        if pairs.iter().all(|&(_, p)| p == NO_TOOL) {
+            return Err(TrainError::BadData(
+                "no case with a needed tool to train on".into(),
+            ));
         }
         let config = EncoderConfig::from_file(&base.join("config.json"))?;
         let weights = base.join("model.safetensors");
@@ -484,8 +498,18 @@ impl Trainer {
         cases: &HashMap<u32, Example>,
     ) -> Result<Tensor> {
         let n = batch.len();
-        // Documents: each pair's needed tool, then each pair's hard negative.
-        let mut docs: Vec<usize> = batch.iter().map(|&(_, p)| p as usize).collect();
+        // Documents: each pair's needed tool, then each pair's hard negative. A no-tool pair has
+        // no document of its own; its target is the margin's column after the documents.
+        let mut docs: Vec<usize> = Vec::with_capacity(2 * n);
+        let mut targets: Vec<Option<usize>> = Vec::with_capacity(n);
+        for &(_, p) in batch {
+            if p == NO_TOOL {
+                targets.push(None);
+            } else {
+                targets.push(Some(docs.len()));
+                docs.push(p as usize);
+            }
+        }
         for &(e, _) in batch {
             let pool = &self.hard[e as usize];
             if !pool.is_empty() {
@@ -496,8 +520,9 @@ impl Trainer {
         let mut mask = Vec::with_capacity(n * docs.len());
         for (i, (e, _)) in batch.iter().enumerate() {
             let positives = &cases[e].positives;
+            let own = targets[i].map(|t| docs[t]);
             for (j, d) in docs.iter().enumerate() {
-                let hidden = j != i && (positives.contains(d) || *d == docs[i]);
+                let hidden = Some(j) != targets[i] && (positives.contains(d) || Some(*d) == own);
                 mask.push(if hidden { -1e4f32 } else { 0.0 });
             }
         }
@@ -534,14 +559,25 @@ impl Trainer {
         };
         let device = &self.bert.device;
         let mask = Tensor::from_vec(mask, (n, docs.len()), device)?;
-        let logits = ((q.matmul(&d.t()?)? * self.hyper.scale)? + mask)?;
-        // Cross-entropy with target i for row i; |logits| <= scale, so no max shift is needed.
+        let mut logits = ((q.matmul(&d.t()?)? * self.hyper.scale)? + mask)?;
+        let mut columns = docs.len();
+        if let Some(margin) = self.hyper.no_tool_margin {
+            let fixed = Tensor::full((margin * self.hyper.scale) as f32, (n, 1), device)?;
+            logits = Tensor::cat(&[&logits, &fixed], 1)?;
+            columns += 1;
+        }
+        // Cross-entropy with each row's target column; |logits| <= scale, so no max shift is
+        // needed.
         let lse = logits.exp()?.sum_keepdim(D::Minus1)?.log()?;
-        let eye: Vec<f32> = (0..n)
-            .flat_map(|i| (0..docs.len()).map(move |j| if i == j { 1.0 } else { 0.0 }))
+        let one_hot: Vec<f32> = targets
+            .iter()
+            .flat_map(|t| {
+                let t = t.unwrap_or(docs.len());
+                (0..columns).map(move |j| if j == t { 1.0 } else { 0.0 })
+            })
             .collect();
-        let eye = Tensor::from_vec(eye, (n, docs.len()), device)?;
-        let target = (logits * eye)?.sum_keepdim(D::Minus1)?;
+        let one_hot = Tensor::from_vec(one_hot, (n, columns), device)?;
+        let target = (logits * one_hot)?.sum_keepdim(D::Minus1)?;
         Ok((lse - target)?.mean_all()?)
     }
 
@@ -1023,6 +1059,88 @@ mod tests {
             7,
             "a case without candidates ranks every tool"
         );
+    }
+
+    /// The best cosine of `query` over the fixture's tools.
+    fn best_cosine(t: &Trainer, query: &str) -> f32 {
+        let d = data();
+        let docs: Vec<&str> = d.documents.iter().map(String::as_str).collect();
+        let dv = t.embed(&docs).unwrap();
+        let q = &t.embed(&[query]).unwrap()[0];
+        dv.iter()
+            .map(|v| v.iter().zip(q).map(|(a, b)| a * b).sum::<f32>())
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    #[test]
+    fn no_tool_cases_train_against_the_margin() {
+        let small_talk = "tell me a joke about penguins";
+        let with_small_talk = || {
+            let mut d = data();
+            d.examples.push(Example {
+                query: small_talk.into(),
+                positives: Vec::new(),
+                candidates: Vec::new(),
+            });
+            d
+        };
+        // Without a margin a case with no needed tool is refused, as before.
+        let err = Trainer::new(&fixture(), with_small_talk(), hyper(3, 1), &Device::Cpu)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("example 8"), "{err}");
+
+        let mut h = hyper(3, 12);
+        h.no_tool_margin = Some(0.5);
+        let run = |h: Hyper| {
+            let mut t = Trainer::new(&fixture(), with_small_talk(), h, &Device::Cpu).unwrap();
+            assert_eq!(t.pairs_per_epoch(), 9);
+            let before = best_cosine(&t, small_talk);
+            let top1_before = top1(|texts| t.embed(texts).unwrap());
+            run_epochs(&mut t, 12);
+            (t, before, top1_before)
+        };
+        let (t, before, top1_before) = run(h.clone());
+        let after = best_cosine(&t, small_talk);
+        let top1_after = top1(|texts| t.embed(texts).unwrap());
+        // The no-tool request ends below the margin and below where it started, while the
+        // requests that need a tool still learn theirs.
+        assert!(after < 0.5 && after < before, "{before} -> {after}");
+        assert!(top1_after > top1_before, "{top1_before} -> {top1_after}");
+        // The same seed gives the same weights with the margin too.
+        let (again, _, _) = run(h);
+        let (a, b) = (t.weights().unwrap(), again.weights().unwrap());
+        for (name, w) in &a {
+            let diff = (w - &b[name]).unwrap().abs().unwrap().max_all().unwrap();
+            assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{name}");
+        }
+
+        // A margin is a cosine, and a cross-encoder has none.
+        let mut bad = hyper(3, 1);
+        bad.no_tool_margin = Some(1.5);
+        let err = Trainer::new(&fixture(), data(), bad.clone(), &Device::Cpu)
+            .err()
+            .unwrap();
+        assert!(err.to_string().starts_with("--no-tool-margin"), "{err}");
+        bad.no_tool_margin = Some(0.3);
+        bad.head = TrainHead::CrossEncoder;
+        let err = Trainer::new(&fixture(), data(), bad, &Device::Cpu)
+            .err()
+            .unwrap();
+        assert!(err.to_string().starts_with("--no-tool-margin"), "{err}");
+        // Only no-tool cases leave nothing to train on.
+        let mut only = TrainData {
+            documents: data().documents,
+            examples: vec![],
+        };
+        only.examples
+            .push(with_small_talk().examples.pop().unwrap());
+        let mut h = hyper(3, 1);
+        h.no_tool_margin = Some(0.5);
+        let err = Trainer::new(&fixture(), only, h, &Device::Cpu)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("no case"), "{err}");
     }
 
     #[test]

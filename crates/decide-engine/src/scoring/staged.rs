@@ -301,7 +301,7 @@ impl Engine {
 /// requests). Splitting is on words and punctuation alone, so it knows no language but English.
 pub(crate) fn clauses(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
-    for sentence in text.split(['.', '?', '!', '\n', ';']) {
+    for sentence in sentences(text) {
         let mut rest = sentence;
         loop {
             let cut = [" and then ", " and ", " then ", ", then "]
@@ -322,6 +322,27 @@ pub(crate) fn clauses(text: &str) -> Vec<&str> {
             }
         }
     }
+    out
+}
+
+/// The sentences of a text: cut at a line break, and at `.`, `?`, `!` or `;` followed by a space
+/// or the end, so that a file name (`package.json`), a version (`3.2.0`) or a URL stays whole.
+fn sentences(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut chars = text.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        let ends = match c {
+            '\n' => true,
+            '.' | '?' | '!' | ';' => chars.peek().is_none_or(|(_, next)| next.is_whitespace()),
+            _ => false,
+        };
+        if ends {
+            out.push(&text[start..at]);
+            start = at + c.len_utf8();
+        }
+    }
+    out.push(&text[start..]);
     out
 }
 
@@ -353,6 +374,19 @@ mod tests {
             ["What is the weather in Rome"]
         );
         assert_eq!(clauses("Is it going to snow?"), ["Is it going to snow"]);
+        // A file name, a version and a URL are not sentence ends; "Read package.json" has two
+        // words, so it is taken for an object, not a request.
+        assert_eq!(
+            clauses("Read package.json and tsconfig.json in /srv/web and tell me the target"),
+            ["tsconfig.json in /srv/web", "tell me the target"]
+        );
+        assert_eq!(
+            clauses("Post 'v3.2.0 is out' and then open https://example.com/notes.html now"),
+            [
+                "Post 'v3.2.0 is out'",
+                "open https://example.com/notes.html now"
+            ]
+        );
         assert!(clauses("hi").is_empty());
         assert!(clauses("").is_empty());
     }
