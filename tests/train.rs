@@ -127,27 +127,29 @@ fn a_tiny_model_trains_and_loads_with_model() {
     let eval = t.file("eval.jsonl", &eval);
     let out = t.path("model");
     let fixture = fixture();
-    let o = decide(&[
-        "train",
-        "--base",
-        &fixture,
-        "--data",
-        &data,
-        "--eval",
-        &eval,
-        "--tools",
-        &tools,
-        "--out",
+    // The tiny model trains on `data` against `tools` into `out`, with `extra` options.
+    let train_to = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train", "--base", &fixture, "--data", &data, "--tools", &tools, "--out", out,
+        ];
+        args.extend_from_slice(extra);
+        decide(&args)
+    };
+    let o = train_to(
         &out,
-        "--epochs",
-        "2",
-        "--lr",
-        "1e-2",
-        "--batch-size",
-        "4",
-        "--max-length",
-        "32",
-    ]);
+        &[
+            "--eval",
+            &eval,
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-2",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "32",
+        ],
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("epoch 1/2: loss"), "{err}");
@@ -167,39 +169,23 @@ fn a_tiny_model_trains_and_loads_with_model() {
     assert!(report["recall_at_5"].as_f64().is_some(), "{report}");
     // A second run may replace a folder decide train wrote, but not any other folder.
     let other = t.file("keep.txt", "mine");
-    let o = decide(&[
-        "train",
-        "--base",
-        &fixture,
-        "--data",
-        &data,
-        "--tools",
-        &tools,
-        "--out",
-        Path::new(&other).parent().unwrap().to_str().unwrap(),
-    ]);
+    let o = train_to(Path::new(&other).parent().unwrap().to_str().unwrap(), &[]);
     assert_one_line_error(&o, "is not a model written by decide train");
     // With a margin the no-tool case trains too, and the manifest says with which.
     let margin = t.path("margin");
-    let o = decide(&[
-        "train",
-        "--base",
-        &fixture,
-        "--data",
-        &data,
-        "--tools",
-        &tools,
-        "--out",
+    let o = train_to(
         &margin,
-        "--epochs",
-        "1",
-        "--batch-size",
-        "4",
-        "--max-length",
-        "32",
-        "--no-tool-margin",
-        "0.3",
-    ]);
+        &[
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "32",
+            "--no-tool-margin",
+            "0.3",
+        ],
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(
