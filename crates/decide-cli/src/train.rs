@@ -258,6 +258,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         no_tool_margin: args.no_tool_margin,
         ..Hyper::default()
     };
+    let trains_no_tool = hyper.no_tool_margin.is_some();
     let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
     let location = registry::resolve(&base_spec)?;
     let with_model = |model: String| {
@@ -300,7 +301,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
             no_tool += 1;
             // Without a margin a case that needs no tool has nothing to pull towards; its tools
             // still serve as negatives for the others.
-            if hyper.no_tool_margin.is_none() {
+            if !trains_no_tool {
                 return Ok(());
             }
         }
@@ -341,11 +342,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         training.insert("tools_sha256".into(), file_sha256(p)?.into());
     }
     training.insert("cases".into(), (cases as i64).into());
-    let skipped = if hyper.no_tool_margin.is_some() {
-        0
-    } else {
-        no_tool
-    };
+    let skipped = if trains_no_tool { 0 } else { no_tool };
     training.insert("no_tool_cases_skipped".into(), (skipped as i64).into());
     training.insert("pairs".into(), (trainer.pairs_per_epoch() as i64).into());
     training.insert(
@@ -388,7 +385,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         head.name(),
         args.data.display(),
         trainer.pairs_per_epoch(),
-        if hyper.no_tool_margin.is_some() {
+        if trains_no_tool {
             "trained against the margin"
         } else {
             "skipped"

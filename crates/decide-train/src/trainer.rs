@@ -84,11 +84,6 @@ impl Trainer {
         device: &Device,
     ) -> Result<Self> {
         hyper.check()?;
-        if examples.is_empty() {
-            return Err(TrainError::BadData(
-                "no case with a needed tool to train on".into(),
-            ));
-        }
         let mut pairs = Vec::new();
         let no_tool = hyper.no_tool_margin.is_some();
         for i in 0..examples.len() {
@@ -105,6 +100,7 @@ impl Trainer {
             }
             pairs.extend(e.positives.iter().map(|&p| (i as u32, p as u32)));
         }
+        // Also true of no cases at all.
         if pairs.iter().all(|&(_, p)| p == NO_TOOL) {
             return Err(TrainError::BadData(
                 "no case with a needed tool to train on".into(),
