@@ -402,19 +402,12 @@ fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The same client over streamable HTTP, against `decide mcp --http` (with an API key) in its default mode:
-/// `tools/list` holds `search_tools` and `call_tool`, and found tools are called through `call_tool`.
-#[test]
-fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp_over_http() {
-    let Some(python) = mcp_python() else { return };
-    let dir = temp_dir("mcp-http");
-    let Some((config, pidfile)) = gateway_upstreams(&dir, &python) else {
-        return;
-    };
+/// Starts `decide mcp --http 127.0.0.1:0 ARGS` and reads the URL it listens on from its standard error.
+fn mcp_http(args: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_decide"))
         .current_dir(root())
-        .args(["mcp", "--http", "127.0.0.1:0", "--config", &config])
-        .args(["--api-key", "s3cret"])
+        .args(["mcp", "--http", "127.0.0.1:0"])
+        .args(args)
         .env_remove("DECIDE_MODEL")
         .env_remove("DECIDE_API_KEY")
         .stdin(Stdio::null())
@@ -422,7 +415,7 @@ fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     let url = loop {
         line.clear();
@@ -435,10 +428,96 @@ fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp
         }
     };
     assert!(url.ends_with("/mcp"), "{line}");
+    // The rest of its standard error is drained, so that a full pipe never blocks it.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    (child, url)
+}
+
+/// The same client over streamable HTTP, against `decide mcp --http` (with an API key) in its default mode:
+/// `tools/list` holds `search_tools` and `call_tool`, and found tools are called through `call_tool`.
+#[test]
+fn an_mcp_client_finds_and_calls_the_tools_of_two_npm_servers_through_decide_mcp_over_http() {
+    let Some(python) = mcp_python() else { return };
+    let dir = temp_dir("mcp-http");
+    let Some((config, pidfile)) = gateway_upstreams(&dir, &python) else {
+        return;
+    };
+    let (mut child, url) = mcp_http(&["--config", &config, "--api-key", "s3cret"]);
     let seen = run_mcp_client(&python, &["http", &url, &pidfile, "s3cret"]);
     eprintln!("{seen}");
     child.kill().unwrap();
     child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// server-everything over streamable HTTP, as `--mcp-url` (its own launcher, on a free port), beside server-memory
+/// from a config file; the same client over HTTP against `--expose found --always-include read_graph`: the
+/// always-included tool is listed and callable from the start, `search_tools` finds the URL upstream's sum tool,
+/// `notifications/tools/list_changed` arrives over HTTP, the found tool is called by its own name, and a second
+/// search only adds to the list. The assertions are in `tests/mcp_client.py`.
+#[test]
+fn an_mcp_client_over_http_lists_found_and_always_included_tools_of_a_url_upstream() {
+    let Some(python) = mcp_python() else { return };
+    let Some(everything) = server_everything() else {
+        return;
+    };
+    let Some(memory) = server_memory() else {
+        return;
+    };
+    let dir = temp_dir("mcp-url");
+    let script = everything
+        .strip_prefix("node ")
+        .and_then(|s| s.strip_suffix(" stdio"))
+        .unwrap()
+        .to_owned();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut upstream = Command::new("node")
+        .args([&script, "streamableHttp"])
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut upstream_log = BufReader::new(upstream.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on port") {
+        line.clear();
+        if upstream_log.read_line(&mut line).unwrap() == 0 {
+            let _ = upstream.kill();
+            panic!("server-everything over HTTP ended before listening");
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut upstream_log, &mut std::io::sink()));
+    let config = dir.join("memory.json");
+    let memory_config = json!({"mcpServers": {"memory": {"command": "node", "args": [memory],
+        "env": {"MEMORY_FILE_PATH": dir.join("memory.jsonl")}}}});
+    std::fs::write(&config, memory_config.to_string()).unwrap();
+    let upstream_url = format!("http://127.0.0.1:{port}/mcp");
+    let (mut child, url) = mcp_http(&[
+        "--expose",
+        "found",
+        "--always-include",
+        "read_graph",
+        "--mcp-url",
+        &upstream_url,
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let seen = run_mcp_client(&python, &["http-found", &url, "read_graph"]);
+    eprintln!("{seen}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    upstream.kill().unwrap();
+    upstream.wait().unwrap();
+    assert_eq!(
+        seen["listed at the start"],
+        json!(["search_tools", "read_graph"])
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -2,6 +2,9 @@
 
     mcp_client.py stdio DECIDE_BINARY CONFIG PIDFILE   # starts `decide mcp --expose found --config CONFIG` itself
     mcp_client.py http URL PIDFILE API_KEY             # talks to a running `decide mcp --http --api-key API_KEY`
+    mcp_client.py http-found URL ALWAYS                # talks to a running `decide mcp --http --expose found
+                                                       # --always-include ALWAYS` whose upstreams include
+                                                       # server-everything over streamable HTTP (--mcp-url)
     mcp_client.py upstream                             # a tiny stdio MCP server with a tool named like one of
                                                        # server-everything's (the name clash) and one that
                                                        # never answers (decide-mcp's hanging-upstream test)
@@ -158,6 +161,49 @@ async def exercise(session, found_mode, pidfile, changed):
     return seen
 
 
+async def exercise_found(session, always, changed):
+    """`--expose found` over HTTP: the always-included tool is listed from the start, found tools join the list
+    (announced with list_changed) and are called by their own names, and the list only ever grows."""
+    seen = {}
+    init = await session.initialize()
+    assert init.capabilities.tools.list_changed is True, init.capabilities
+    listed = [t.name for t in (await session.list_tools()).tools]
+    assert listed == ["search_tools", always], listed
+    seen["listed at the start"] = listed
+    result = await session.call_tool(always, {})
+    assert not result.is_error, text_of(result)
+
+    result = await session.call_tool("search_tools", {"query": "add two numbers"})
+    assert not result.is_error, text_of(result)
+    found = result.structured_content["tools"]
+    names = [t["name"] for t in found]
+    assert "get-sum" in names, found
+    # The sum tool comes from the upstream reached by URL, named by its own server info.
+    server = found[names.index("get-sum")]["server"]
+    assert server.startswith("mcp-servers"), found
+    seen["add two numbers"] = {"tools": names, "server": server}
+    for _ in range(50):
+        if changed:
+            break
+        await asyncio.sleep(0.1)
+    assert changed, "no notifications/tools/list_changed over HTTP"
+    grown = [t.name for t in (await session.list_tools()).tools]
+    assert grown[:2] == listed and "get-sum" in grown, grown
+    # The search tool found itself is not listed twice.
+    assert len(grown) == len(set(grown)), grown
+    result = await session.call_tool("get-sum", {"a": 19, "b": 23})
+    assert not result.is_error and "42" in text_of(result), result
+
+    # A second search adds to the list; nothing found before leaves it, and the order is kept.
+    result = await session.call_tool("search_tools", {"query": "create new entities in the knowledge graph"})
+    assert not result.is_error, text_of(result)
+    later = [t.name for t in (await session.list_tools()).tools]
+    assert later[:len(grown)] == grown, (grown, later)
+    assert "create_entities" in later, later
+    seen["listed at the end"] = later
+    return seen
+
+
 async def main():
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
@@ -178,6 +224,11 @@ async def main():
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write, message_handler=on_message) as session:
                 seen = await exercise(session, True, pidfile, changed)
+    elif mode == "http-found":
+        url, always = sys.argv[2:4]
+        async with streamable_http_client(url) as streams:
+            async with ClientSession(streams[0], streams[1], message_handler=on_message) as session:
+                seen = await exercise_found(session, always, changed)
     else:
         import httpx2
 

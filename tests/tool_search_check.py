@@ -68,6 +68,21 @@ def main():
         assert tool == next(d for d in deferred if d["name"] == tool["name"]), tool
     seen["openai"] = names
 
+    # OpenAI's default client schema (the search tool without parameters): the model names the tools to load as
+    # paths, and those tools come back, in the order named, without ranking.
+    default_tool = {"type": "tool_search", "execution": "client"}
+    TypeAdapter(ToolSearchToolParam).validate_python(default_tool)
+    call = {"type": "tool_search_call", "id": "ts_2", "call_id": "call_ts_2", "execution": "client",
+            "status": "completed", "arguments": {"paths": ["send_email", "get_forecast"]}}
+    ResponseToolSearchCall.model_validate(call)
+    answer = post(base, {"provider": "openai", "call": call, "tools": deferred})
+    output = ResponseToolSearchOutputItemParam.model_validate(answer)
+    only_keys(answer, ResponseToolSearchOutputItemParam.model_fields, "tool_search_output")
+    assert output.call_id == "call_ts_2", answer
+    names = [tool.name for tool in output.tools]
+    assert names == ["send_email", "get_forecast"], names
+    seen["openai paths"] = names
+
     # Anthropic Messages: a custom search tool the application runs; the model's tool_use of it, and the
     # tool_result of tool_reference blocks that loads the found tools.
     deferred = [{"name": t["name"], "description": t["description"], "input_schema": t["inputSchema"],

@@ -93,6 +93,9 @@ pub struct ToolSearchCall {
     pub call_id: Option<String>,
     /// What the model searched for.
     pub query: String,
+    /// The tool names the call asked to load, when it gave `paths` instead of a query (OpenAI's default client
+    /// schema); empty otherwise. [`requested`](Self::requested) resolves them.
+    pub paths: Vec<String>,
     /// The deferred tools, as the request gave them (an OpenAI answer returns the matches unchanged).
     pub tools: Vec<Value>,
     /// The same tools, read.
@@ -103,8 +106,10 @@ pub struct ToolSearchCall {
     pub target_recall: Option<f64>,
 }
 
-/// The query of a call's arguments: their `query`, or else their text values joined.
-fn query_of(arguments: &Value, path: &str) -> Result<String, ParseError> {
+/// The query of a call's arguments: their `query`, or else their text values joined; and the tool paths they name
+/// when they have no `query` but `paths` (OpenAI's built-in client schema for `tool_search`, `{"paths": [...]}`,
+/// names the tools to load rather than describing them).
+fn query_of(arguments: &Value, path: &str) -> Result<(String, Vec<String>), ParseError> {
     let arguments = match arguments {
         // Responses items carry arguments as an object; function-call style JSON text is read too.
         Value::String(text) => serde_json::from_str(text)
@@ -115,8 +120,17 @@ fn query_of(arguments: &Value, path: &str) -> Result<String, ParseError> {
         return Err(ParseError::invalid(path, "expected an object"));
     };
     if let Some(query) = map.get("query").and_then(Value::as_str) {
-        return Ok(query.to_owned());
+        return Ok((query.to_owned(), Vec::new()));
     }
+    let paths: Vec<String> = match map.get("paths") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
+    };
     let words: Vec<String> = map
         .values()
         .flat_map(|v| match v {
@@ -134,7 +148,7 @@ fn query_of(arguments: &Value, path: &str) -> Result<String, ParseError> {
             "no query (expected a \"query\" string)",
         ));
     }
-    Ok(words.join(" "))
+    Ok((words.join(" "), paths))
 }
 
 fn string_field(
@@ -171,12 +185,12 @@ impl ToolSearchCall {
             },
             _ => return Err(ParseError::invalid("tools", "expected an array of tools")),
         };
-        let (call_id, query) = match (&body.call, body.query) {
+        let (call_id, (query, paths)) = match (&body.call, body.query) {
             (Some(_), Some(_)) => {
                 return Err(ParseError::invalid("query", "give call or query, not both"))
             }
             (None, None) => return Err(ParseError::invalid("call", "missing (or query)")),
-            (None, Some(query)) => (None, query),
+            (None, Some(query)) => (None, (query, Vec::new())),
             (Some(Value::Object(call)), None) => match body.provider {
                 SearchProvider::OpenAi => {
                     let arguments = call
@@ -217,6 +231,7 @@ impl ToolSearchCall {
             provider: body.provider,
             call_id,
             query,
+            paths,
             tools,
             specifications,
             max_results: body.max_results,
@@ -227,6 +242,20 @@ impl ToolSearchCall {
     /// The request a filter decides on: the query as the user's message.
     pub fn request(&self) -> ToolProviderRequest {
         ToolProviderRequest::builder(UserMessage::new(self.query.clone())).build()
+    }
+
+    /// The deferred tools the call named by path, in the call's order, each once: the tools to load as asked, with
+    /// no ranking (as OpenAI's own client runner loads them). Empty for a query, or when no path names a deferred
+    /// tool; [`search`](Self::search) then ranks the tools for the paths' text instead, so that a guessed name
+    /// still finds its nearest tools.
+    pub fn requested(&self) -> Vec<String> {
+        let mut named: Vec<String> = Vec::new();
+        for path in &self.paths {
+            if self.specifications.iter().any(|s| &s.name == path) && !named.contains(path) {
+                named.push(path.clone());
+            }
+        }
+        named
     }
 
     /// Ranks the deferred tools for the query with `decision_model` (`conformal` is needed for a target recall)
@@ -319,6 +348,40 @@ mod tests {
         assert_eq!(answer["call_id"], "call_1");
         assert_eq!(answer["execution"], "client");
         assert_eq!(answer["tools"], json!([tools()[0]]));
+    }
+
+    #[test]
+    fn openai_default_paths_load_the_named_tools_and_fall_back_to_search() {
+        let call = |paths: Value| {
+            ToolSearchCall::from_value(json!({
+                "provider": "openai",
+                "call": {"type": "tool_search_call", "call_id": "call_2", "execution": "client",
+                         "arguments": {"paths": paths}, "status": "completed"},
+                "tools": tools(),
+            }))
+            .unwrap()
+        };
+        let named = call(json!([
+            "send_email",
+            "get_weather",
+            "send_email",
+            "no_such_tool"
+        ]));
+        assert_eq!(named.requested(), ["send_email", "get_weather"]);
+        let answer = named.answer(&named.requested());
+        assert_eq!(answer["tools"], json!([tools()[1], tools()[0]]));
+        // A path that names no deferred tool is read as the text to search for.
+        let guessed = call(json!(["weather_lookup"]));
+        assert!(guessed.requested().is_empty());
+        assert_eq!(guessed.query, "weather_lookup");
+        // A query wins over paths.
+        let both = ToolSearchCall::from_value(json!({
+            "provider": "openai", "tools": tools(),
+            "call": {"call_id": "c", "arguments": {"query": "mail", "paths": ["get_weather"]}},
+        }))
+        .unwrap();
+        assert!(both.requested().is_empty());
+        assert_eq!(both.query, "mail");
     }
 
     #[test]

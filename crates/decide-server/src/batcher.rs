@@ -273,9 +273,9 @@ fn run_batch(
 /// the caller's thread, its rows wait in the [`Batcher`] with other requests' rows, and the
 /// outputs are turned into answers on the caller's side again. Answers equal the engine's own.
 ///
-/// Both paths work: [`decide`](DecisionModel::decide) blocks its thread on the queue (the
-/// filter and the router of `/v1/select` and `/v1/route` run on tokio's blocking pool), and
-/// [`decide_async`](DecisionModel::decide_async) awaits it. A full queue fails the call with a
+/// Both paths work: [`decide`](DecisionModel::decide) blocks its thread on the queue (every
+/// decision endpoint calls it on tokio's blocking pool, so that its admission slot is held until
+/// the work ends), and [`decide_async`](DecisionModel::decide_async) awaits it. A full queue fails the call with a
 /// [`DecisionError::Model`] wrapping [`Overloaded`].
 #[derive(Clone)]
 pub struct BatchedEngine {
@@ -318,6 +318,22 @@ impl BatchedEngine {
             .map_err(queue_error)
     }
 
+    /// [`forward`](Self::forward) for blocking code: waits on its thread, and when run under
+    /// [`with_cancel`] the rows still queued are dropped once the flag is set (the work's
+    /// deadline passed or its caller left), so the call ends within one forward pass.
+    pub(crate) fn forward_blocking(
+        &self,
+        rows: Vec<EncodedRow>,
+    ) -> Result<Vec<Vec<f32>>, DecisionError> {
+        let cancel = CANCEL.with(|c| c.borrow().clone());
+        self.batcher
+            .submit_cancellable(rows, cancel)
+            .map_err(DecisionError::from_model_error)?
+            .blocking_recv()
+            .map_err(|_| queue_error("the inference thread stopped".into()))?
+            .map_err(queue_error)
+    }
+
     /// Whether `error` says the queue was full.
     pub fn is_overloaded(error: &DecisionError) -> bool {
         matches!(error, DecisionError::Model(e) if e.downcast_ref::<Overloaded>().is_some())
@@ -327,15 +343,7 @@ impl BatchedEngine {
 impl DecisionModel for BatchedEngine {
     fn do_decide(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
         let mut staged = self.engine.stage_decision(request)?;
-        let cancel = CANCEL.with(|c| c.borrow().clone());
-        let rx = self
-            .batcher
-            .submit_cancellable(staged.take_rows(), cancel)
-            .map_err(DecisionError::from_model_error)?;
-        let outputs = rx
-            .blocking_recv()
-            .map_err(|_| queue_error("the inference thread stopped".into()))?
-            .map_err(queue_error)?;
+        let outputs = self.forward_blocking(staged.take_rows())?;
         staged.finish(outputs)
     }
 

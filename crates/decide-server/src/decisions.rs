@@ -8,7 +8,7 @@ use decide_contract::{DecisionModel, DecisionRequest, DecisionResponse};
 use decide_http::{openai, systemone};
 
 use crate::api_error::{ApiError, SystemOneError};
-use crate::limits::{admit, deadline, off_runtime, Body};
+use crate::limits::{blocking, off_runtime, Body};
 use crate::AppState;
 
 /// The routes of this module.
@@ -18,16 +18,23 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/v1/systemone", post(system_one))
 }
 
-/// One decision through the batching queue, under the request deadline.
-async fn decide(state: &AppState, request: &DecisionRequest) -> Result<DecisionResponse, ApiError> {
+/// One decision through the batching queue, under the request deadline and one admission slot.
+///
+/// It runs as the filter's and the router's do ([`blocking`]): tokenizing and waiting on the
+/// queue happen on the blocking pool, holding the slot until they really end, and rows still
+/// queued when the deadline passes or the client leaves are dropped. Awaiting
+/// `decide_async` instead would free the slot with the answer while its tokenizing went on.
+async fn decide(
+    state: &AppState,
+    request: DecisionRequest,
+) -> Result<(DecisionRequest, DecisionResponse), ApiError> {
     let retry = state.inner.config.retry_after_secs;
-    deadline(state, async {
-        state
-            .inner
-            .model
-            .decide_async(request)
-            .await
-            .map_err(|e| ApiError::from_decision(e, retry))
+    let model = state.inner.model.clone();
+    blocking(state, move || {
+        let response = model
+            .decide(&request)
+            .map_err(|e| ApiError::from_decision(e, retry))?;
+        Ok((request, response))
     })
     .await
 }
@@ -37,10 +44,13 @@ async fn decisions(
     Body(raw): Body,
 ) -> Result<Json<openai::DecisionsResponse>, ApiError> {
     let limits = state.inner.config.limits;
-    let parsed = off_runtime(move || Ok(openai::parse_request(&raw, &limits)?)).await?;
-    let _permit = admit(&state)?;
-    let response = match &parsed.request {
-        Some(request) => Some(decide(&state, request).await?),
+    let mut parsed = off_runtime(move || Ok(openai::parse_request(&raw, &limits)?)).await?;
+    let response = match parsed.request.take() {
+        Some(request) => {
+            let (request, response) = decide(&state, request).await?;
+            parsed.request = Some(request);
+            Some(response)
+        }
         None => None,
     };
     Ok(Json(openai::render_response(
@@ -59,10 +69,9 @@ async fn system_one(
     let parsed = off_runtime(move || Ok(systemone::parse_request(&raw, &limits)?))
         .await
         .map_err(SystemOneError::from)?;
-    let _permit = admit(&state)?;
-    let response = decide(&state, &parsed.request).await?;
+    let (request, response) = decide(&state, parsed.request).await?;
     Ok(Json(systemone::render_response(
-        &parsed.request,
+        &request,
         &response,
         &state.inner.model_name,
     )))

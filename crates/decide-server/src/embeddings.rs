@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api_error::{ApiError, TeiError};
-use crate::limits::{admit, deadline, Body};
+use crate::limits::{blocking, Body};
 use crate::AppState;
 
 /// The most texts one request may carry (OpenAI's limit per embeddings request).
@@ -82,25 +82,23 @@ struct Embedded {
 }
 
 /// Embeds `texts` through the queue, under one admission slot and the request deadline; a text
-/// the model cannot read whole is refused, naming its path, unless `truncate`.
+/// the model cannot read whole is refused, naming its path, unless `truncate`. Tokenizing and
+/// waiting on the queue run on the blocking pool and hold the slot until they end ([`blocking`]).
 async fn embed(
     state: &AppState,
     texts: Vec<(String, String)>,
     truncate: bool,
 ) -> Result<Embedded, ApiError> {
-    let _permit = admit(state)?;
     let retry = state.inner.config.retry_after_secs;
-    deadline(state, async {
-        let engine = state.inner.model.engine().clone();
+    let model = state.inner.model.clone();
+    blocking(state, move || {
+        let engine = model.engine();
         let max_length = engine.info().max_length;
         let (paths, texts): (Vec<String>, Vec<String>) = texts.into_iter().unzip();
-        let staged = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            engine.stage_embeddings(&refs)
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(ApiError::from_engine)?;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let staged = engine
+            .stage_embeddings(&refs)
+            .map_err(ApiError::from_engine)?;
         if !truncate {
             if let Some(i) = staged.iter().position(|e| e.truncated) {
                 return Err(ApiError::bad(
@@ -111,11 +109,8 @@ async fn embed(
         }
         let tokens = staged.iter().map(|e| e.row.len()).sum();
         let rows = staged.into_iter().map(|e| e.row).collect();
-        let vectors = state
-            .inner
-            .model
-            .forward(rows)
-            .await
+        let vectors = model
+            .forward_blocking(rows)
             .map_err(|e| ApiError::from_decision(e, retry))?;
         Ok(Embedded { vectors, tokens })
     })

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use crate::api_error::{ApiError, TeiError};
 use crate::batcher::BatchedEngine;
 use crate::embeddings::{check_model, texts, MAX_INPUTS};
-use crate::limits::{admit, deadline, Body};
+use crate::limits::{blocking, Body};
 use crate::AppState;
 
 /// The routes of this module.
@@ -53,27 +53,22 @@ fn scorer(state: &AppState) -> &BatchedEngine {
 }
 
 /// Scores `documents` against `query` through the reranking model's queue, under one
-/// admission slot and the request deadline.
+/// admission slot and the request deadline; tokenizing and waiting on the queue run on the
+/// blocking pool and hold the slot until they end ([`blocking`]).
 async fn rank(state: &AppState, query: String, documents: Vec<String>) -> Result<Ranked, ApiError> {
     if query.trim().is_empty() {
         return Err(ApiError::bad("query", "empty text"));
     }
-    let _permit = admit(state)?;
     let retry = state.inner.config.retry_after_secs;
-    let queue = scorer(state);
-    let engine = queue.engine().clone();
-    deadline(state, async {
-        let staging = engine.clone();
-        let mut staged = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&str> = documents.iter().map(String::as_str).collect();
-            staging.stage_scores(&query, &refs)
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(ApiError::from_engine)?;
+    let queue = scorer(state).clone();
+    blocking(state, move || {
+        let engine = queue.engine();
+        let refs: Vec<&str> = documents.iter().map(String::as_str).collect();
+        let mut staged = engine
+            .stage_scores(&query, &refs)
+            .map_err(ApiError::from_engine)?;
         let outputs = queue
-            .forward(staged.take_rows())
-            .await
+            .forward_blocking(staged.take_rows())
             .map_err(|e| ApiError::from_decision(e, retry))?;
         let scores = engine
             .finish_scores(staged, outputs)

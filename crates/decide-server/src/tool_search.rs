@@ -37,6 +37,11 @@ async fn tool_search(
             ),
         ));
     }
+    // Tools named by path are loaded as asked; the model ranks only for a query.
+    let requested = call.requested();
+    if !requested.is_empty() {
+        return Ok(Json(call.answer(&requested)));
+    }
     let retry = state.inner.config.retry_after_secs;
     let model = Arc::new(state.inner.model.clone());
     let conformal = state.inner.model.engine().conformal().cloned();
