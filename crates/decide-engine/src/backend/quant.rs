@@ -18,17 +18,17 @@
 //! accumulator stays under 2^31 (`vpdpbusd` sums four products into i32 without saturating).
 //!
 //! Three kernels compute the same integers: AVX-512 VNNI (`vpdpbusd`, 8 rows × 32 columns of
-//! i32 accumulators in registers), and the portable loop compiled once with AVX2 enabled (left
-//! to LLVM's vectorizer; no hand-written AVX2 kernel yet) and once for the baseline target. They
-//! are tested against a scalar reference that reads the unpacked weights, exactly.
+//! i32 accumulators in registers), AVX2 (`vpmaddwd` on both sides widened to i16, 2 rows × 16
+//! columns), and the portable loop. They are tested against a scalar reference that reads the
+//! unpacked weights, exactly.
 //!
 //! # Safety
 //!
 //! The `#[target_feature]` functions run only through [`QuantIsa`], whose level is private to
 //! this module and is made only by [`QuantIsa::detect`] (after `is_x86_feature_detected!`
 //! confirmed every feature the level's functions enable), as the portable level, or by lowering
-//! a detected one. The VNNI kernel reads through raw pointers; it asserts at entry that the
-//! activation rows and the weight panel hold everything its loop reads.
+//! a detected one. The VNNI and AVX2 kernels read through raw pointers; they assert at entry that
+//! the activation rows and the weight panel hold everything their loops read.
 
 use rayon::prelude::*;
 
@@ -133,6 +133,9 @@ pub(crate) struct QuantizedMatrix {
     scales: Vec<f32>,
     /// `Σ_k q_kj` (np values, zero past n).
     col_sums: Vec<i32>,
+    /// `packed` widened to i16, for the AVX2 kernel (which has no u8 × i8 product into i32):
+    /// made on its first use, so that only a CPU without VNNI pays its two bytes per weight.
+    wide: std::sync::OnceLock<Vec<i16>>,
 }
 
 impl QuantizedMatrix {
@@ -183,6 +186,7 @@ impl QuantizedMatrix {
             packed,
             scales,
             col_sums,
+            wide: std::sync::OnceLock::new(),
         })
     }
 
@@ -197,6 +201,16 @@ impl QuantizedMatrix {
     fn panel(&self, p: usize) -> &[i8] {
         let len = self.kp * PANEL;
         &self.packed[p * len..(p + 1) * len]
+    }
+
+    /// Panel `p` widened to i16 (see `wide`).
+    #[cfg(target_arch = "x86_64")]
+    fn wide_panel(&self, p: usize) -> &[i16] {
+        let wide = self
+            .wide
+            .get_or_init(|| self.packed.iter().map(|&q| q as i16).collect());
+        let len = self.kp * PANEL;
+        &wide[p * len..(p + 1) * len]
     }
 }
 
@@ -333,7 +347,7 @@ fn quantize_rows(isa: QuantIsa, x: &[f32], k: usize, kp: usize) -> QuantizedRows
 /// One register block: `out[r][c] = Σ_kk a[r·stride + kk] · panel(kk, c)` for `rows` rows.
 type Block = [[i32; PANEL]; MR];
 
-/// The portable kernel, plain Rust; also compiled with AVX2 enabled.
+/// The portable kernel, plain Rust.
 #[inline(always)]
 fn block_generic(a: &[u8], stride: usize, rows: usize, panel: &[i8], kp: usize, out: &mut Block) {
     for (r, acc) in out.iter_mut().enumerate().take(rows) {
@@ -367,16 +381,100 @@ mod x86 {
         super::quantize_row(x, out)
     }
 
+    /// The AVX2 kernel for `R` rows (1 or 2) and half a panel (16 columns, `half` 0 or 1).
+    /// AVX2 has no u8 × i8 product that sums into i32 without saturating (`vpmaddubsw` adds
+    /// two products in i16), so both sides are i16, widened beforehand (the weights once, the
+    /// rows by [`block_avx2`]: `rows` holds each group of four activations as four u16 in a
+    /// u64, `groups` per row), and `vpmaddwd` sums pairs exactly into i32. Per group and four
+    /// columns: one 32-byte weight load, and per row one broadcast load, one `vpmaddwd` and one
+    /// add. Each accumulator lane holds one column's pair (`k` 0-1 or 2-3 of every group); the
+    /// pairs are added at the end. Four accumulators per row and half a panel keep two rows in
+    /// the sixteen registers.
+    ///
+    /// # Safety
+    /// AVX2 must be available. The bounds are asserted.
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_avx2_half<const R: usize>(
+        rows: &[u64],
+        groups: usize,
+        panel: &[i16],
+        half: usize,
+        out: &mut [[i32; PANEL]],
+    ) {
+        assert!((1..=2).contains(&R) && half < 2 && out.len() >= R);
+        assert!(rows.len() >= R * groups && panel.len() >= groups * 4 * PANEL);
+        let mut acc = [[_mm256_setzero_si256(); 4]; R];
+        for g in 0..groups {
+            let mut av = [_mm256_setzero_si256(); R];
+            for (r, av) in av.iter_mut().enumerate() {
+                *av = _mm256_set1_epi64x(rows[r * groups + g] as i64);
+            }
+            // SAFETY: group g's half is panel[g·128 + half·64 .. + 64], inside the panel by
+            // the assertion above.
+            let w = panel.as_ptr().add(g * 4 * PANEL + half * 4 * PANEL / 2);
+            for j in 0..4 {
+                let wv = _mm256_loadu_si256(w.add(16 * j) as *const __m256i);
+                for (acc, av) in acc.iter_mut().zip(&av) {
+                    acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(*av, wv));
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (j, acc) in acc.iter().enumerate() {
+                let mut pairs = [0i32; 8];
+                // SAFETY: `pairs` holds eight i32, one register's worth.
+                _mm256_storeu_si256(pairs.as_mut_ptr() as *mut __m256i, *acc);
+                for c in 0..4 {
+                    out[r][half * PANEL / 2 + 4 * j + c] = pairs[2 * c] + pairs[2 * c + 1];
+                }
+            }
+        }
+    }
+
+    /// [`block_avx2_half`] over `rows` (1 to [`MR`]) rows, two at a time, and both halves;
+    /// each pair of rows is widened to u16 once for both.
+    ///
+    /// # Safety
+    /// AVX2 must be available.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn block_avx2(
         a: &[u8],
         stride: usize,
         rows: usize,
-        panel: &[i8],
+        panel: &[i16],
         kp: usize,
         out: &mut Block,
     ) {
-        super::block_generic(a, stride, rows, panel, kp, out)
+        let groups = kp / 4;
+        let mut wide = vec![0u64; 2 * groups];
+        for r0 in (0..rows.min(MR)).step_by(2) {
+            let pair = 2.min(rows - r0);
+            for r in 0..pair {
+                let row = &a[(r0 + r) * stride..(r0 + r) * stride + kp];
+                let dst = &mut wide[r * groups..(r + 1) * groups];
+                let mut g = 0;
+                while g + 4 <= groups {
+                    // SAFETY: 16 bytes of `row` from 4g and four u64 of `dst` from g, inside
+                    // both since g + 4 <= groups = kp / 4.
+                    let v = _mm_loadu_si128(row.as_ptr().add(4 * g) as *const __m128i);
+                    let d = dst.as_mut_ptr().add(g) as *mut __m256i;
+                    _mm256_storeu_si256(d, _mm256_cvtepu8_epi16(v));
+                    g += 4;
+                }
+                for (g, d) in dst.iter_mut().enumerate().skip(g) {
+                    let b = &row[4 * g..4 * g + 4];
+                    *d = (0..4).fold(0u64, |w, t| w | (b[t] as u64) << (16 * t));
+                }
+            }
+            let out = &mut out[r0..];
+            for half in 0..2 {
+                if pair == 2 {
+                    block_avx2_half::<2>(&wide, groups, panel, half, out);
+                } else {
+                    block_avx2_half::<1>(&wide, groups, panel, half, out);
+                }
+            }
+        }
     }
 
     /// The VNNI kernel for `R` rows: per group of four `k` values, two 64-byte weight loads, one
@@ -444,25 +542,26 @@ mod x86 {
     }
 }
 
-/// One register block at `isa`'s level.
+/// One register block of panel `p` of `w` at `isa`'s level.
 fn block(
     isa: QuantIsa,
     a: &[u8],
     stride: usize,
     rows: usize,
-    panel: &[i8],
-    kp: usize,
+    w: &QuantizedMatrix,
+    p: usize,
     out: &mut Block,
 ) {
     debug_assert!((1..=MR).contains(&rows));
+    let kp = w.kp;
     match isa.0 {
         // SAFETY: a `QuantIsa` at these levels exists only where detection confirmed the
         // features (see the module's invariants).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx512Vnni => unsafe { x86::block_vnni(a, stride, rows, panel, kp, out) },
+        Level::Avx512Vnni => unsafe { x86::block_vnni(a, stride, rows, w.panel(p), kp, out) },
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::block_avx2(a, stride, rows, panel, kp, out) },
-        Level::Portable => block_generic(a, stride, rows, panel, kp, out),
+        Level::Avx2 => unsafe { x86::block_avx2(a, stride, rows, w.wide_panel(p), kp, out) },
+        Level::Portable => block_generic(a, stride, rows, w.panel(p), kp, out),
     }
 }
 
@@ -493,12 +592,11 @@ fn drive<T: Send>(
             let rows = out.len() / n;
             let mut acc: Block = [[0; PANEL]; MR];
             for p in 0..w.np / PANEL {
-                let panel = w.panel(p);
                 for r0 in (0..rows).step_by(MR) {
                     let mr = MR.min(rows - r0);
                     let start = (first + r0) * a.kp;
                     let src = &a.data[start..start + mr * a.kp];
-                    block(isa, src, a.kp, mr, panel, a.kp, &mut acc);
+                    block(isa, src, a.kp, mr, w, p, &mut acc);
                     emit(out, first, r0, p * PANEL, &acc, mr);
                 }
             }
