@@ -415,22 +415,27 @@ fn mcp_http(args: &[&str]) -> (std::process::Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let line = line_of_stderr(&mut child, "listening on ", "decide mcp");
+    let at = line.find("listening on ").unwrap();
+    let url = line[at + "listening on ".len()..].trim().to_owned();
+    assert!(url.ends_with("/mcp"), "{line}");
+    (child, url)
+}
+
+/// Reads `child`'s standard error up to the first line holding `needle` and returns it; the rest
+/// is drained in the background, so that a full pipe never blocks the child.
+fn line_of_stderr(child: &mut std::process::Child, needle: &str, what: &str) -> String {
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    let url = loop {
+    while !line.contains(needle) {
         line.clear();
         if stderr.read_line(&mut line).unwrap() == 0 {
             let _ = child.kill();
-            panic!("decide mcp ended before listening");
+            panic!("{what} ended before printing {needle:?}");
         }
-        if let Some(at) = line.find("listening on ") {
-            break line[at + "listening on ".len()..].trim().to_owned();
-        }
-    };
-    assert!(url.ends_with("/mcp"), "{line}");
-    // The rest of its standard error is drained, so that a full pipe never blocks it.
+    }
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    (child, url)
+    line
 }
 
 /// The same client over streamable HTTP, against `decide mcp --http` (with an API key) in its default mode:
@@ -483,16 +488,11 @@ fn an_mcp_client_over_http_lists_found_and_always_included_tools_of_a_url_upstre
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut upstream_log = BufReader::new(upstream.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on port") {
-        line.clear();
-        if upstream_log.read_line(&mut line).unwrap() == 0 {
-            let _ = upstream.kill();
-            panic!("server-everything over HTTP ended before listening");
-        }
-    }
-    std::thread::spawn(move || std::io::copy(&mut upstream_log, &mut std::io::sink()));
+    line_of_stderr(
+        &mut upstream,
+        "listening on port",
+        "server-everything over HTTP",
+    );
     let config = dir.join("memory.json");
     let memory_config = json!({"mcpServers": {"memory": {"command": "node", "args": [memory],
         "env": {"MEMORY_FILE_PATH": dir.join("memory.jsonl")}}}});

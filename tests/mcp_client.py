@@ -57,6 +57,15 @@ def pid_of(pidfile):
         return int(f.read().strip())
 
 
+async def told(changed, how):
+    """Waits up to 5 s for a notifications/tools/list_changed."""
+    for _ in range(50):
+        if changed:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no notifications/tools/list_changed{how}")
+
+
 async def exercise(session, found_mode, pidfile, changed):
     seen = {}
     init = await session.initialize()
@@ -96,11 +105,7 @@ async def exercise(session, found_mode, pidfile, changed):
     assert get_sum["inputSchema"]["properties"].keys() >= {"a", "b"}, get_sum
     if found_mode:
         # The list grew by what the search found, and the client was told.
-        for _ in range(50):
-            if changed:
-                break
-            await asyncio.sleep(0.1)
-        assert changed, "no notifications/tools/list_changed"
+        await told(changed, "")
         listed = [t.name for t in (await session.list_tools()).tools]
         assert listed[0] == "search_tools" and "get-sum" in listed, listed
         seen["listed after the search"] = listed
@@ -182,11 +187,7 @@ async def exercise_found(session, always, changed):
     server = found[names.index("get-sum")]["server"]
     assert server.startswith("mcp-servers"), found
     seen["add two numbers"] = {"tools": names, "server": server}
-    for _ in range(50):
-        if changed:
-            break
-        await asyncio.sleep(0.1)
-    assert changed, "no notifications/tools/list_changed over HTTP"
+    await told(changed, " over HTTP")
     grown = [t.name for t in (await session.list_tools()).tools]
     assert grown[:2] == listed and "get-sum" in grown, grown
     # The search tool found itself is not listed twice.
