@@ -133,9 +133,6 @@ pub(crate) struct QuantizedMatrix {
     scales: Vec<f32>,
     /// `Σ_k q_kj` (np values, zero past n).
     col_sums: Vec<i32>,
-    /// `packed` widened to i16, for the AVX2 kernel (which has no u8 × i8 product into i32):
-    /// made on its first use, so that only a CPU without VNNI pays its two bytes per weight.
-    wide: std::sync::OnceLock<Vec<i16>>,
 }
 
 impl QuantizedMatrix {
@@ -186,7 +183,6 @@ impl QuantizedMatrix {
             packed,
             scales,
             col_sums,
-            wide: std::sync::OnceLock::new(),
         })
     }
 
@@ -201,16 +197,6 @@ impl QuantizedMatrix {
     fn panel(&self, p: usize) -> &[i8] {
         let len = self.kp * PANEL;
         &self.packed[p * len..(p + 1) * len]
-    }
-
-    /// Panel `p` widened to i16 (see `wide`).
-    #[cfg(target_arch = "x86_64")]
-    fn wide_panel(&self, p: usize) -> &[i16] {
-        let wide = self
-            .wide
-            .get_or_init(|| self.packed.iter().map(|&q| q as i16).collect());
-        let len = self.kp * PANEL;
-        &wide[p * len..(p + 1) * len]
     }
 }
 
@@ -383,11 +369,12 @@ mod x86 {
 
     /// The AVX2 kernel for `R` rows (1 or 2) and half a panel (16 columns, `half` 0 or 1).
     /// AVX2 has no u8 × i8 product that sums into i32 without saturating (`vpmaddubsw` adds
-    /// two products in i16), so both sides are i16, widened beforehand (the weights once, the
-    /// rows by [`block_avx2`]: `rows` holds each group of four activations as four u16 in a
-    /// u64, `groups` per row), and `vpmaddwd` sums pairs exactly into i32. Per group and four
-    /// columns: one 32-byte weight load, and per row one broadcast load, one `vpmaddwd` and one
-    /// add. Each accumulator lane holds one column's pair (`k` 0-1 or 2-3 of every group); the
+    /// two products in i16), so both sides are widened to i16 (the rows beforehand by
+    /// [`block_avx2`]: `rows` holds each group of four activations as four u16 in a u64,
+    /// `groups` per row; the weights as they are loaded) and `vpmaddwd` sums pairs exactly into
+    /// i32. Per group and four columns: one 16-byte weight load widened, and per row one
+    /// broadcast load, one `vpmaddwd` and one add. Weights widened ahead of time, at two bytes
+    /// each, measured no faster. Each accumulator lane holds one column's pair (`k` 0-1 or 2-3 of every group); the
     /// pairs are added at the end. Four accumulators per row and half a panel keep two rows in
     /// the sixteen registers.
     ///
@@ -397,7 +384,7 @@ mod x86 {
     unsafe fn block_avx2_half<const R: usize>(
         rows: &[u64],
         groups: usize,
-        panel: &[i16],
+        panel: &[i8],
         half: usize,
         out: &mut [[i32; PANEL]],
     ) {
@@ -413,7 +400,7 @@ mod x86 {
             // the assertion above.
             let w = panel.as_ptr().add(g * 4 * PANEL + half * 4 * PANEL / 2);
             for j in 0..4 {
-                let wv = _mm256_loadu_si256(w.add(16 * j) as *const __m256i);
+                let wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16 * j) as *const __m128i));
                 for (acc, av) in acc.iter_mut().zip(&av) {
                     acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(*av, wv));
                 }
@@ -441,7 +428,7 @@ mod x86 {
         a: &[u8],
         stride: usize,
         rows: usize,
-        panel: &[i16],
+        panel: &[i8],
         kp: usize,
         out: &mut Block,
     ) {
@@ -542,26 +529,25 @@ mod x86 {
     }
 }
 
-/// One register block of panel `p` of `w` at `isa`'s level.
+/// One register block at `isa`'s level.
 fn block(
     isa: QuantIsa,
     a: &[u8],
     stride: usize,
     rows: usize,
-    w: &QuantizedMatrix,
-    p: usize,
+    panel: &[i8],
+    kp: usize,
     out: &mut Block,
 ) {
     debug_assert!((1..=MR).contains(&rows));
-    let kp = w.kp;
     match isa.0 {
         // SAFETY: a `QuantIsa` at these levels exists only where detection confirmed the
         // features (see the module's invariants).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx512Vnni => unsafe { x86::block_vnni(a, stride, rows, w.panel(p), kp, out) },
+        Level::Avx512Vnni => unsafe { x86::block_vnni(a, stride, rows, panel, kp, out) },
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::block_avx2(a, stride, rows, w.wide_panel(p), kp, out) },
-        Level::Portable => block_generic(a, stride, rows, w.panel(p), kp, out),
+        Level::Avx2 => unsafe { x86::block_avx2(a, stride, rows, panel, kp, out) },
+        Level::Portable => block_generic(a, stride, rows, panel, kp, out),
     }
 }
 
@@ -592,11 +578,12 @@ fn drive<T: Send>(
             let rows = out.len() / n;
             let mut acc: Block = [[0; PANEL]; MR];
             for p in 0..w.np / PANEL {
+                let panel = w.panel(p);
                 for r0 in (0..rows).step_by(MR) {
                     let mr = MR.min(rows - r0);
                     let start = (first + r0) * a.kp;
                     let src = &a.data[start..start + mr * a.kp];
-                    block(isa, src, a.kp, mr, w, p, &mut acc);
+                    block(isa, src, a.kp, mr, panel, a.kp, &mut acc);
                     emit(out, first, r0, p * PANEL, &acc, mr);
                 }
             }
