@@ -275,8 +275,8 @@ fn run_batch(
 ///
 /// Both paths work: [`decide`](DecisionModel::decide) blocks its thread on the queue (every
 /// decision endpoint calls it on tokio's blocking pool, so that its admission slot is held until
-/// the work ends), and [`decide_async`](DecisionModel::decide_async) awaits it. A full queue fails the call with a
-/// [`DecisionError::Model`] wrapping [`Overloaded`].
+/// the work ends), and [`decide_async`](DecisionModel::decide_async) awaits it. A full queue
+/// fails the call with a [`DecisionError::Model`] wrapping [`Overloaded`].
 #[derive(Clone)]
 pub struct BatchedEngine {
     engine: Engine,
@@ -293,6 +293,15 @@ impl std::fmt::Debug for BatchedEngine {
 
 fn queue_error(message: String) -> DecisionError {
     DecisionError::model(message)
+}
+
+/// A queued request's outputs, or why it has none.
+fn received(
+    reply: Result<Outputs, oneshot::error::RecvError>,
+) -> Result<Vec<Vec<f32>>, DecisionError> {
+    reply
+        .map_err(|_| queue_error("the inference thread stopped".into()))?
+        .map_err(queue_error)
 }
 
 impl BatchedEngine {
@@ -313,9 +322,7 @@ impl BatchedEngine {
             .batcher
             .submit(rows)
             .map_err(DecisionError::from_model_error)?;
-        rx.await
-            .map_err(|_| queue_error("the inference thread stopped".into()))?
-            .map_err(queue_error)
+        received(rx.await)
     }
 
     /// [`forward`](Self::forward) for blocking code: waits on its thread, and when run under
@@ -326,12 +333,11 @@ impl BatchedEngine {
         rows: Vec<EncodedRow>,
     ) -> Result<Vec<Vec<f32>>, DecisionError> {
         let cancel = CANCEL.with(|c| c.borrow().clone());
-        self.batcher
+        let rx = self
+            .batcher
             .submit_cancellable(rows, cancel)
-            .map_err(DecisionError::from_model_error)?
-            .blocking_recv()
-            .map_err(|_| queue_error("the inference thread stopped".into()))?
-            .map_err(queue_error)
+            .map_err(DecisionError::from_model_error)?;
+        received(rx.blocking_recv())
     }
 
     /// Whether `error` says the queue was full.
