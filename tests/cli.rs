@@ -925,10 +925,11 @@ fn probabilities(ranking: &[serde_json::Value]) -> std::collections::HashMap<&st
 }
 
 /// int8 against f32 on the own reporting part, case by case. What int8 keeps, as measured
-/// (commit f580041, 2-core AVX-512 VNNI machine): the same top-1 tool in 141 of the 145 cases,
-/// every probability within 0.043 of f32's, recall@10 unchanged. The bounds below hold that with
-/// a margin; they are looser than the f32 kernels' 1e-4 because 8-bit products move a pooled
-/// embedding by about 1e-3 in cosine.
+/// (2026-12-02, 2-core AVX-512 VNNI machine, docs/benchmarks.md): the same top-1 tool in 140 of
+/// the 145 cases (the other five are ties within 0.004 of a probability), every probability
+/// within 0.025 of f32's, recall@10 unchanged. The bounds below hold that with a margin; they
+/// are looser than the f32 kernels' 1e-4 because 8-bit products move a pooled embedding by about
+/// 4e-4 in cosine.
 #[test]
 fn int8_stays_close_to_f32_on_the_own_reporting_part() {
     let t = TempDir::new("int8-own");
@@ -978,7 +979,7 @@ fn int8_stays_close_to_f32_on_the_own_reporting_part() {
         "same top-1 in only {same} of {} cases",
         f32s.len()
     );
-    assert!(max_diff <= 0.07, "a probability moved by {max_diff}");
+    assert!(max_diff <= 0.04, "a probability moved by {max_diff}");
     assert!(
         (r32 - r8).abs() <= 0.01,
         "recall@10 {r32} (f32) against {r8} (int8)"

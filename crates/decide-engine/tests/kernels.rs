@@ -198,13 +198,19 @@ fn int8_minilm_embeddings_stay_close_to_f32_and_batches_change_nothing() {
         let int8 = load_in("all-MiniLM-L6-v2", kernels, Precision::Int8);
         let name = bench::kernels(&int8);
         let got = int8.embed(&refs).unwrap();
-        let mut worst = 1f64;
+        let (mut worst, mut total) = (1f64, 0f64);
         for ((g, w), text) in got.iter().zip(&want).zip(&texts) {
             let c = cosine(g, w);
             worst = worst.min(c);
-            assert!(c >= 0.99, "{name}: cosine {c} with f32 for {text:.40}");
+            total += 1.0 - c;
+            // Measured: 0.9992 at the lowest, 4e-4 from f32 on average, with the layers smoothed
+            // and quantized in groups of 128 inputs (0.9962 and 1.4e-3 with one scale a row).
+            assert!(c >= 0.998, "{name}: cosine {c} with f32 for {text:.40}");
         }
-        eprintln!("{name}: lowest cosine with f32 {worst:.5}");
+        eprintln!(
+            "{name}: lowest cosine with f32 {worst:.5}, mean 1 - cosine {:.2e}",
+            total / texts.len() as f64
+        );
         // Each row alone gives the same vector as in the batch: the activations are quantized
         // per row, so no other row changes a row's integers.
         for (text, batched) in refs.iter().zip(&got) {

@@ -338,6 +338,65 @@ impl FusedLayer {
         let up = x.apply_op1_no_bwd(&self.up)?;
         up.apply_op2_no_bwd(&x, &self.down)
     }
+
+    /// [`forward_packed`](Self::forward_packed), raising `ranges` to the largest magnitude
+    /// each input of the four linear layers reached.
+    fn forward_measured(
+        &self,
+        x: &Tensor,
+        segments: &[(usize, usize)],
+        ranges: &mut InputRanges,
+    ) -> candle_core::Result<Tensor> {
+        let x = x.contiguous()?;
+        raise(&mut ranges.qkv, &x)?;
+        let qkv = x.apply_op1_no_bwd(&self.qkv)?;
+        let ctx = qkv.apply_op1_no_bwd(&self.attention.packed(segments))?;
+        raise(&mut ranges.attn_out, &ctx)?;
+        let mid = ctx.apply_op2_no_bwd(&x, &self.attn_out)?;
+        raise(&mut ranges.up, &mid)?;
+        let up = mid.apply_op1_no_bwd(&self.up)?;
+        raise(&mut ranges.down, &up)?;
+        up.apply_op2_no_bwd(&mid, &self.down)
+    }
+
+    /// This f32 layer with its linear layers in int8, smoothed for the measured `ranges`.
+    fn smoothed_int8(&self, ranges: &InputRanges) -> candle_core::Result<Self> {
+        Ok(Self {
+            qkv: self.qkv.smoothed_int8(&ranges.qkv, SMOOTHING_ALPHA)?,
+            attention: self.attention.clone(),
+            attn_out: self
+                .attn_out
+                .smoothed_int8(&ranges.attn_out, SMOOTHING_ALPHA)?,
+            up: self.up.smoothed_int8(&ranges.up, SMOOTHING_ALPHA)?,
+            down: self.down.smoothed_int8(&ranges.down, SMOOTHING_ALPHA)?,
+        })
+    }
+}
+
+/// How much of an input's range smoothing moves into the weights (SmoothQuant's α), chosen
+/// among 0.4, 0.5 and 0.6 on the tuning and calibration cases (see docs/benchmarks.md).
+const SMOOTHING_ALPHA: f32 = 0.4;
+
+/// The largest magnitude each input of a layer's four linear layers reached.
+#[derive(Default)]
+struct InputRanges {
+    qkv: Vec<f32>,
+    attn_out: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// Raises `amax` to the largest magnitude of each column of `x` (rows × columns).
+fn raise(amax: &mut Vec<f32>, x: &Tensor) -> candle_core::Result<()> {
+    let width = *x.dims().last().unwrap_or(&0);
+    let values = x.flatten_all()?.to_vec1::<f32>()?;
+    amax.resize(width, 0.0);
+    for row in values.chunks_exact(width.max(1)) {
+        for (a, v) in amax.iter_mut().zip(row) {
+            *a = a.max(v.abs());
+        }
+    }
+    Ok(())
 }
 
 struct StockLayer {
@@ -411,6 +470,34 @@ impl StockLayer {
     }
 }
 
+/// The f32 fused `layers` in int8, each linear layer smoothed for the ranges its inputs reach
+/// over the `calibration` rows.
+fn smoothed_int8(
+    embeddings: &Embeddings,
+    layers: &[Layer],
+    calibration: &[(&[u32], &[u32])],
+    c: &EncoderConfig,
+    device: &Device,
+) -> candle_core::Result<Vec<Layer>> {
+    let Embeddings::Fused(op) = embeddings else {
+        candle_core::bail!("int8 needs the fused CPU kernels");
+    };
+    let packed = Packed::new(calibration, c, device)?;
+    let mut x = packed
+        .ids
+        .apply_op3_no_bwd(&packed.type_ids, &packed.positions, op)?;
+    let mut out = Vec::with_capacity(layers.len());
+    for layer in layers {
+        let Layer::Fused(layer) = layer else {
+            candle_core::bail!("int8 needs the fused CPU kernels");
+        };
+        let mut ranges = InputRanges::default();
+        x = layer.forward_measured(&x, &packed.segments, &mut ranges)?;
+        out.push(Layer::Fused(Box::new(layer.smoothed_int8(&ranges)?)));
+    }
+    Ok(out)
+}
+
 enum Head {
     /// BERT: pooler (dense + tanh on the first token), then `classifier`.
     BertClassifier {
@@ -445,11 +532,16 @@ fn encoder_prefix(vb: &VarBuilder) -> Option<&'static str> {
 }
 
 impl Model {
+    /// Loads the model for `path`. On the int8 path, `calibration` (token ids and type ids of
+    /// representative rows) is run through the f32 layers first, and each linear layer is
+    /// quantized smoothed for the ranges its inputs reached there; without rows it is quantized
+    /// as it is.
     pub fn load(
         vb: VarBuilder,
         c: &EncoderConfig,
         head: &HeadKind,
         path: CpuPath,
+        calibration: &[(&[u32], &[u32])],
     ) -> candle_core::Result<Self> {
         let prefix = encoder_prefix(&vb);
         let enc = match prefix {
@@ -457,9 +549,18 @@ impl Model {
             None => vb.clone(),
         };
         let embeddings = Embeddings::load(enc.pp("embeddings"), c, path)?;
-        let layers = (0..c.num_layers)
-            .map(|i| Layer::load(enc.pp("encoder").pp("layer").pp(i), c, path))
+        let layer_path = match path {
+            CpuPath::Fused(isa, LinearFormat::Int8) if !calibration.is_empty() => {
+                CpuPath::Fused(isa, LinearFormat::F32)
+            }
+            other => other,
+        };
+        let mut layers = (0..c.num_layers)
+            .map(|i| Layer::load(enc.pp("encoder").pp("layer").pp(i), c, layer_path))
             .collect::<candle_core::Result<Vec<_>>>()?;
+        if layer_path != path {
+            layers = smoothed_int8(&embeddings, &layers, calibration, c, vb.device())?;
+        }
         let h = c.hidden_size;
         let head = match head {
             HeadKind::Embedding { pooling, normalize } => Head::Embedding {

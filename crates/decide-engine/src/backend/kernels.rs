@@ -748,6 +748,48 @@ impl FusedLinear {
         })
     }
 
+    /// This f32 layer with its products in int8, smoothed for inputs whose largest magnitudes
+    /// are `input_amax` (measured on calibration text): input `kk` gets the SmoothQuant factor
+    /// `amax(x_kk)^α / amax(w_kk)^(1-α)`. An input never seen active keeps factor 1.
+    pub(crate) fn smoothed_int8(
+        &self,
+        input_amax: &[f32],
+        alpha: f32,
+    ) -> candle_core::Result<Self> {
+        let LinearWeights::F32(w_t) = &self.weights else {
+            candle_core::bail!("int8 smoothing needs the layer's f32 weights");
+        };
+        if input_amax.len() != self.k {
+            candle_core::bail!(
+                "int8 smoothing: {} maxima for {} inputs",
+                input_amax.len(),
+                self.k
+            );
+        }
+        let factors: Vec<f32> = input_amax
+            .iter()
+            .zip(w_t.chunks_exact(self.n))
+            .map(|(&a, row)| {
+                let w = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let f = a.powf(alpha) / w.powf(1.0 - alpha);
+                if f.is_finite() && f > 0.0 {
+                    f
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let q = QuantizedMatrix::quantize_smoothed(w_t, self.k, self.n, &factors)?;
+        Ok(Self {
+            k: self.k,
+            n: self.n,
+            weights: LinearWeights::Int8(q, self.isa.int8()),
+            bias: self.bias.clone(),
+            epilogue: self.epilogue.clone(),
+            isa: self.isa,
+        })
+    }
+
     fn out_shape(&self, layout: &Layout) -> candle_core::Result<(usize, Shape)> {
         let dims = layout.dims();
         match dims.last() {

@@ -62,6 +62,8 @@ pub(crate) struct Placement {
     pub(crate) kernels: CpuKernels,
     /// The linear layers in int8 (fused CPU path only).
     pub(crate) int8: bool,
+    /// Rows the int8 path measures its layers' input ranges on (see [`Model::load`]).
+    pub(crate) int8_calibration: Vec<crate::tokenize::TokenRow>,
     pub(crate) max_batch_tokens: usize,
 }
 
@@ -81,6 +83,7 @@ impl CandleBackend {
             dtype,
             kernels,
             int8,
+            int8_calibration,
             max_batch_tokens,
         } = placement;
         let weights = ["model.safetensors", "pytorch_model.bin"]
@@ -124,7 +127,11 @@ impl CandleBackend {
                 );
             }
         }
-        let model = Model::load(vb, &config, head, path)
+        let calibration: Vec<RowRef<'_>> = int8_calibration
+            .iter()
+            .map(|r| (&r.ids[..], &r.type_ids[..]))
+            .collect();
+        let model = Model::load(vb, &config, head, path, &calibration)
             .map_err(|e| EngineError::unreadable(&weights, e))?;
         Ok(Self {
             config,

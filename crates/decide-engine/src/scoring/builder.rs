@@ -15,7 +15,7 @@ use crate::backend::{
 use crate::calibration::Calibration;
 use crate::error::{require, EngineError, Result};
 use crate::registry::{self, HeadName, ModelLocation, DEFAULT_MODEL};
-use crate::tokenize::Tokenization;
+use crate::tokenize::{TokenRow, Tokenization};
 
 /// The default token budget of one forward pass: rows × longest row.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16_384;
@@ -270,6 +270,10 @@ impl Engine {
         if let Some(manifest) = &location.manifest {
             crate::registry::verify_files(&dir, manifest)?;
         }
+        let int8_calibration = match options.precision {
+            Precision::Int8 => int8_calibration(&tokens, head_name)?,
+            _ => Vec::new(),
+        };
         let backend = CandleBackend::load(
             &dir,
             config,
@@ -280,6 +284,7 @@ impl Engine {
                 dtype,
                 kernels: options.cpu_kernels,
                 int8: options.precision == Precision::Int8,
+                int8_calibration,
                 max_batch_tokens: options.max_batch_tokens,
             },
         )?;
@@ -340,4 +345,22 @@ impl Engine {
         engine.run(&[probe])?;
         Ok(engine)
     }
+}
+
+/// The rows `--dtype int8` measures its layers' input ranges on before quantizing them: short
+/// conversations and tool, route and criterion texts (`int8_calibration.txt`, a query and a
+/// document a line), as the model will read them.
+fn int8_calibration(tokens: &Tokenization, head: HeadName) -> Result<Vec<TokenRow>> {
+    const TEXTS: &str = include_str!("../backend/int8_calibration.txt");
+    let mut rows = Vec::new();
+    for (query, document) in TEXTS.lines().filter_map(|l| l.split_once('\t')) {
+        match head {
+            HeadName::BiEncoder => {
+                rows.push(tokens.encode_query(query)?);
+                rows.push(tokens.encode_document(document)?);
+            }
+            HeadName::CrossEncoder => rows.push(tokens.encode_pair(query, document)?),
+        }
+    }
+    Ok(rows)
 }
