@@ -147,6 +147,9 @@ pub(crate) struct QuantizedMatrix {
     scales: Vec<f32>,
     /// `Σ_{k in g} q_kj`, laid out as `scales`.
     col_sums: Vec<i32>,
+    /// `s_gj · Σ_{k in g} q_kj`, laid out as `scales`: the zero point's term in f32, for the
+    /// VNNI kernel's epilogue.
+    scaled_sums: Vec<f32>,
     /// `1 / f_k` per input when the matrix was quantized with smoothing factors `f` (see
     /// [`quantize_smoothed`](Self::quantize_smoothed)): activations are multiplied by it before
     /// they are quantized.
@@ -244,6 +247,11 @@ impl QuantizedMatrix {
             np,
             groups,
             packed,
+            scaled_sums: col_sums
+                .iter()
+                .zip(&scales)
+                .map(|(&c, &s)| c as f32 * s)
+                .collect(),
             scales,
             col_sums,
             input_scales: factors.map(|f| f.iter().map(|f| 1.0 / f).collect()),
@@ -603,7 +611,7 @@ mod x86 {
     }
 
     /// The VNNI kernel for `R` rows over every group of inputs, each group's i32 accumulators
-    /// dequantized in registers onto f32 ones: `o += (a_rg · s_gc) · (acc - z_rg · Σq_gc)`.
+    /// dequantized in registers and added to `out`: `o += (a_rg · s_gc) · (acc - z_rg · Σq_gc)`.
     ///
     /// # Safety
     /// AVX-512F, AVX-512BW and AVX-512 VNNI must be available. The bounds are asserted.
@@ -621,8 +629,9 @@ mod x86 {
         assert!(s.groups == kp.div_ceil(GROUP));
         assert!(s.rows_scales.len() >= R * s.groups && s.rows_zeros.len() >= R * s.groups);
         let last = (s.groups - 1) * s.np + PANEL;
-        assert!(s.cols_scales.len() >= last && s.cols_sums.len() >= last);
-        let mut f = [[_mm512_setzero_ps(); 2]; R];
+        assert!(s.cols_scales.len() >= last && s.cols_scaled_sums.len() >= last);
+        // The f32 sums live in `out` (L1), not in registers: with the 2·R i32 accumulators
+        // they would take all 32 and spill inside the inner loop.
         let base = a.as_ptr();
         for g in 0..s.groups {
             let (k0, len) = (g * GROUP, GROUP.min(kp - g * GROUP));
@@ -642,26 +651,33 @@ mod x86 {
                 }
                 w = w.add(4 * PANEL);
             }
-            // SAFETY: 32 scales and sums from g·np, inside by the assertion above.
+            // SAFETY: 32 scales and scaled sums from g·np, inside by the assertion above.
             let sw = s.cols_scales.as_ptr().add(g * s.np);
-            let cs = s.cols_sums.as_ptr().add(g * s.np) as *const __m512i;
+            let cs = s.cols_scaled_sums.as_ptr().add(g * s.np);
             let (sw0, sw1) = (_mm512_loadu_ps(sw), _mm512_loadu_ps(sw.add(16)));
-            let (cs0, cs1) = (_mm512_loadu_si512(cs), _mm512_loadu_si512(cs.add(1)));
-            for (r, (acc, f)) in acc.iter().zip(f.iter_mut()).enumerate() {
-                let sa = _mm512_set1_ps(s.rows_scales[r * s.groups + g]);
-                let z = _mm512_set1_epi32(s.rows_zeros[r * s.groups + g]);
-                let d0 = _mm512_sub_epi32(acc[0], _mm512_mullo_epi32(z, cs0));
-                let d1 = _mm512_sub_epi32(acc[1], _mm512_mullo_epi32(z, cs1));
-                let d0 = _mm512_mul_ps(_mm512_mul_ps(sa, sw0), _mm512_cvtepi32_ps(d0));
-                let d1 = _mm512_mul_ps(_mm512_mul_ps(sa, sw1), _mm512_cvtepi32_ps(d1));
-                f[0] = _mm512_add_ps(f[0], d0);
-                f[1] = _mm512_add_ps(f[1], d1);
+            let (cs0, cs1) = (_mm512_loadu_ps(cs), _mm512_loadu_ps(cs.add(16)));
+            // `a · s · (acc - z · Σq) = acc · (a · s) - (a · z) · (s · Σq)`: no integer
+            // multiply in the epilogue. The accumulators (at most 255 · 127 · 128 < 2^24)
+            // convert to f32 exactly.
+            for (r, (acc, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
+                let a = s.rows_scales[r * s.groups + g];
+                let sa = _mm512_set1_ps(a);
+                let za = _mm512_set1_ps(a * s.rows_zeros[r * s.groups + g] as f32);
+                // SAFETY: o holds PANEL = 32 f32, two registers' worth.
+                let (o0, o1) = (o.as_mut_ptr(), o.as_mut_ptr().add(16));
+                let f0 = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acc[0]),
+                    _mm512_mul_ps(sa, sw0),
+                    _mm512_loadu_ps(o0),
+                );
+                let f1 = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acc[1]),
+                    _mm512_mul_ps(sa, sw1),
+                    _mm512_loadu_ps(o1),
+                );
+                _mm512_storeu_ps(o0, _mm512_fnmadd_ps(za, cs0, f0));
+                _mm512_storeu_ps(o1, _mm512_fnmadd_ps(za, cs1, f1));
             }
-        }
-        for (f, o) in f.iter().zip(out.iter_mut()) {
-            // SAFETY: o holds PANEL = 32 f32, two registers' worth.
-            _mm512_storeu_ps(o.as_mut_ptr(), f[0]);
-            _mm512_storeu_ps(o.as_mut_ptr().add(16), f[1]);
         }
     }
 
@@ -749,9 +765,10 @@ struct BlockScales<'a> {
     rows_scales: &'a [f32],
     rows_zeros: &'a [i32],
     np: usize,
-    /// `w.scales` and `w.col_sums` from the panel's first column.
+    /// `w.scales`, `w.col_sums` and `w.scaled_sums` from the panel's first column.
     cols_scales: &'a [f32],
     cols_sums: &'a [i32],
+    cols_scaled_sums: &'a [f32],
 }
 
 /// Adds group `g`'s dequantized accumulators to `out`. Inlined into each level's compiled copy.
@@ -854,6 +871,7 @@ fn drive(
                         np: w.np,
                         cols_scales: &w.scales[p * PANEL..],
                         cols_sums: &w.col_sums[p * PANEL..],
+                        cols_scaled_sums: &w.scaled_sums[p * PANEL..],
                     };
                     let src = &a.data[row * a.kp..(row + mr) * a.kp];
                     let mut f: FBlock = [[0.0; PANEL]; MR];
@@ -872,11 +890,16 @@ pub(crate) fn gemm_int8(isa: QuantIsa, dst: &mut [f32], x: &[f32], w: &Quantized
     let x = match &w.input_scales {
         // One pass over the m × k activations, against the m × k × n of the product.
         Some(inv) => {
-            scaled = x
-                .par_chunks(k)
+            let mut out = vec![0f32; x.len()];
+            out.par_chunks_mut(k)
+                .zip(x.par_chunks(k))
                 .with_min_len(16)
-                .flat_map_iter(|row| row.iter().zip(inv).map(|(v, s)| v * s))
-                .collect();
+                .for_each(|(o, row)| {
+                    for ((o, v), s) in o.iter_mut().zip(row).zip(inv) {
+                        *o = v * s;
+                    }
+                });
+            scaled = out;
             &scaled[..]
         }
         None => x,
