@@ -440,6 +440,22 @@ fn block_generic(a: &[u8], stride: usize, rows: usize, panel: &[i8], kp: usize, 
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// Calls the `R`-row instance of a kernel for `rows` from 1 to [`MR`] (more run as `MR`).
+    macro_rules! by_rows {
+        ($rows:expr, $kernel:ident($($arg:expr),*)) => {
+            match $rows {
+                1 => $kernel::<1>($($arg),*),
+                2 => $kernel::<2>($($arg),*),
+                3 => $kernel::<3>($($arg),*),
+                4 => $kernel::<4>($($arg),*),
+                5 => $kernel::<5>($($arg),*),
+                6 => $kernel::<6>($($arg),*),
+                7 => $kernel::<7>($($arg),*),
+                _ => $kernel::<8>($($arg),*),
+            }
+        };
+    }
+
     use super::{Block, BlockScales, FBlock, GROUP, MR, PANEL};
 
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -694,16 +710,7 @@ mod x86 {
         s: &BlockScales<'_>,
         out: &mut FBlock,
     ) {
-        match rows {
-            1 => block_dequant_vnni_rows::<1>(a, stride, panel, s, out),
-            2 => block_dequant_vnni_rows::<2>(a, stride, panel, s, out),
-            3 => block_dequant_vnni_rows::<3>(a, stride, panel, s, out),
-            4 => block_dequant_vnni_rows::<4>(a, stride, panel, s, out),
-            5 => block_dequant_vnni_rows::<5>(a, stride, panel, s, out),
-            6 => block_dequant_vnni_rows::<6>(a, stride, panel, s, out),
-            7 => block_dequant_vnni_rows::<7>(a, stride, panel, s, out),
-            _ => block_dequant_vnni_rows::<8>(a, stride, panel, s, out),
-        }
+        by_rows!(rows, block_dequant_vnni_rows(a, stride, panel, s, out))
     }
 
     /// [`block_vnni_rows`] for `rows` (1 to [`MR`]) rows.
@@ -719,16 +726,7 @@ mod x86 {
         kp: usize,
         out: &mut Block,
     ) {
-        match rows {
-            1 => block_vnni_rows::<1>(a, stride, panel, kp, out),
-            2 => block_vnni_rows::<2>(a, stride, panel, kp, out),
-            3 => block_vnni_rows::<3>(a, stride, panel, kp, out),
-            4 => block_vnni_rows::<4>(a, stride, panel, kp, out),
-            5 => block_vnni_rows::<5>(a, stride, panel, kp, out),
-            6 => block_vnni_rows::<6>(a, stride, panel, kp, out),
-            7 => block_vnni_rows::<7>(a, stride, panel, kp, out),
-            _ => block_vnni_rows::<8>(a, stride, panel, kp, out),
-        }
+        by_rows!(rows, block_vnni_rows(a, stride, panel, kp, out))
     }
 }
 
@@ -1034,6 +1032,32 @@ mod tests {
                 assert_eq!(again.zeros, a.zeros);
                 assert_eq!(again.scales, a.scales);
                 assert_eq!(accumulate(isa, &a, &w), want, "{} {m}x{k}x{n}", isa.name());
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_dequantizes_as_the_portable_one() {
+        for (s, &(m, k, n)) in shapes().iter().enumerate() {
+            let w = QuantizedMatrix::quantize(&values(s as u64, k * n, 0.2), k, n).unwrap();
+            let x = values(300 + s as u64, m * k, 3.0);
+            let run = |isa| {
+                let mut out = vec![0f32; m * n];
+                gemm_int8(isa, &mut out, &x, &w);
+                out
+            };
+            let want = run(QuantIsa::portable());
+            let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();
+            for isa in levels() {
+                // The same integers; only the f32 epilogue's rounding may differ (the VNNI kernel
+                // fuses it).
+                for (g, w) in run(isa).iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * rms.max(1.0),
+                        "{} {m}x{k}x{n}",
+                        isa.name()
+                    );
+                }
             }
         }
     }
