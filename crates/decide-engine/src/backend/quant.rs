@@ -584,28 +584,51 @@ mod x86 {
     ) {
         assert!((1..=MR).contains(&R) && kp.is_multiple_of(4));
         assert!(a.len() >= (R - 1) * stride + kp && panel.len() >= kp * PANEL);
-        let mut acc = [[_mm512_setzero_si512(); 2]; R];
-        let mut w = panel.as_ptr();
-        let base = a.as_ptr();
-        for g in 0..kp / 4 {
-            // SAFETY: group g reads panel[g·128 .. g·128 + 128] and, in row r,
-            // a[r·stride + 4g .. + 4], inside the slices by the assertions above.
-            let w0 = _mm512_loadu_si512(w as *const __m512i);
-            let w1 = _mm512_loadu_si512(w.add(64) as *const __m512i);
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let a4 = (base.add(r * stride + 4 * g) as *const i32).read_unaligned();
-                let av = _mm512_set1_epi32(a4);
-                acc[0] = _mm512_dpbusd_epi32(acc[0], av, w0);
-                acc[1] = _mm512_dpbusd_epi32(acc[1], av, w1);
-            }
-            w = w.add(4 * PANEL);
-        }
+        let acc = accumulate_vnni::<R>(a, stride, panel, 0, kp);
         for (r, acc) in acc.iter().enumerate() {
             // SAFETY: out[r] holds PANEL = 32 i32, two registers' worth.
             let dst = out[r].as_mut_ptr() as *mut __m512i;
             _mm512_storeu_si512(dst, acc[0]);
             _mm512_storeu_si512(dst.add(1), acc[1]);
         }
+    }
+
+    /// `Σ_k u·q` over inputs `k0 .. k0 + len` of `R` rows of `a` (`stride` apart) and the panel:
+    /// per group of four inputs, two 64-byte weight loads, one broadcast of four activation bytes
+    /// per row, and 2·R `vpdpbusd`. The loop of both VNNI kernels, so the exact-integer tests of
+    /// [`block_vnni`] cover the dequantizing one too.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 VNNI must be available, and the caller must have checked
+    /// that `a` holds `(R - 1)·stride + k0 + len` bytes and `panel` `(k0 + len)·PANEL`, with `k0`
+    /// and `len` multiples of four.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn accumulate_vnni<const R: usize>(
+        a: &[u8],
+        stride: usize,
+        panel: &[i8],
+        k0: usize,
+        len: usize,
+    ) -> [[__m512i; 2]; R] {
+        debug_assert!(a.len() >= (R - 1) * stride + k0 + len && panel.len() >= (k0 + len) * PANEL);
+        let mut acc = [[_mm512_setzero_si512(); 2]; R];
+        let mut w = panel.as_ptr().add(k0 * PANEL);
+        let base = a.as_ptr();
+        for q in 0..len / 4 {
+            // SAFETY: step q reads 128 bytes of weights from (k0 + 4q)·PANEL and, in row r,
+            // a[r·stride + k0 + 4q .. + 4], inside the slices by the caller's checks.
+            let w0 = _mm512_loadu_si512(w as *const __m512i);
+            let w1 = _mm512_loadu_si512(w.add(64) as *const __m512i);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let at = base.add(r * stride + k0 + 4 * q) as *const i32;
+                let av = _mm512_set1_epi32(at.read_unaligned());
+                acc[0] = _mm512_dpbusd_epi32(acc[0], av, w0);
+                acc[1] = _mm512_dpbusd_epi32(acc[1], av, w1);
+            }
+            w = w.add(4 * PANEL);
+        }
+        acc
     }
 
     /// The generic dequantizing block compiled for AVX2 and FMA, so that its epilogue is
@@ -648,25 +671,9 @@ mod x86 {
         assert!(s.cols_scales.len() >= last && s.cols_scaled_sums.len() >= last);
         // The f32 sums live in `out` (L1), not in registers: with the 2·R i32 accumulators
         // they would take all 32 and spill inside the inner loop.
-        let base = a.as_ptr();
         for g in 0..s.groups {
             let (k0, len) = (g * GROUP, GROUP.min(kp - g * GROUP));
-            let mut acc = [[_mm512_setzero_si512(); 2]; R];
-            // SAFETY: group g's weights are panel[k0·PANEL .. (k0 + len)·PANEL].
-            let mut w = panel.as_ptr().add(k0 * PANEL);
-            for q in 0..len / 4 {
-                // SAFETY: step q reads 128 bytes of the group's weights and, in row r,
-                // a[r·stride + k0 + 4q .. + 4], inside the slices by the assertions above.
-                let w0 = _mm512_loadu_si512(w as *const __m512i);
-                let w1 = _mm512_loadu_si512(w.add(64) as *const __m512i);
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let at = base.add(r * stride + k0 + 4 * q) as *const i32;
-                    let av = _mm512_set1_epi32(at.read_unaligned());
-                    acc[0] = _mm512_dpbusd_epi32(acc[0], av, w0);
-                    acc[1] = _mm512_dpbusd_epi32(acc[1], av, w1);
-                }
-                w = w.add(4 * PANEL);
-            }
+            let acc = accumulate_vnni::<R>(a, stride, panel, k0, len);
             // SAFETY: 32 scales and scaled sums from g·np, inside by the assertion above.
             let sw = s.cols_scales.as_ptr().add(g * s.np);
             let cs = s.cols_scaled_sums.as_ptr().add(g * s.np);
