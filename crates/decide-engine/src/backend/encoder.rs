@@ -318,45 +318,45 @@ impl FusedLayer {
             Some(bias) => qkv.apply_op2_no_bwd(&bias.contiguous()?, &self.attention)?,
             None => qkv.apply_op1_no_bwd(&self.attention)?,
         };
-        self.feed_forward(&ctx, &x)
+        self.feed_forward(&ctx, &x, None)
     }
 
     /// The layer over packed rows: the same ops, with attention kept within each segment.
+    /// With `ranges`, each input of the four linear layers raises its largest magnitudes there
+    /// (the int8 load's calibration pass).
     fn forward_packed(
         &self,
         x: &Tensor,
         segments: &[(usize, usize)],
+        mut ranges: Option<&mut InputRanges>,
     ) -> candle_core::Result<Tensor> {
         let x = x.contiguous()?;
+        if let Some(r) = ranges.as_deref_mut() {
+            raise(&mut r.qkv, &x)?;
+        }
         let qkv = x.apply_op1_no_bwd(&self.qkv)?;
         let ctx = qkv.apply_op1_no_bwd(&self.attention.packed(segments))?;
-        self.feed_forward(&ctx, &x)
+        self.feed_forward(&ctx, &x, ranges)
     }
 
-    fn feed_forward(&self, ctx: &Tensor, x: &Tensor) -> candle_core::Result<Tensor> {
-        let x = ctx.apply_op2_no_bwd(x, &self.attn_out)?;
-        let up = x.apply_op1_no_bwd(&self.up)?;
-        up.apply_op2_no_bwd(&x, &self.down)
-    }
-
-    /// [`forward_packed`](Self::forward_packed), raising `ranges` to the largest magnitude
-    /// each input of the four linear layers reached.
-    fn forward_measured(
+    fn feed_forward(
         &self,
+        ctx: &Tensor,
         x: &Tensor,
-        segments: &[(usize, usize)],
-        ranges: &mut InputRanges,
+        mut ranges: Option<&mut InputRanges>,
     ) -> candle_core::Result<Tensor> {
-        let x = x.contiguous()?;
-        raise(&mut ranges.qkv, &x)?;
-        let qkv = x.apply_op1_no_bwd(&self.qkv)?;
-        let ctx = qkv.apply_op1_no_bwd(&self.attention.packed(segments))?;
-        raise(&mut ranges.attn_out, &ctx)?;
-        let mid = ctx.apply_op2_no_bwd(&x, &self.attn_out)?;
-        raise(&mut ranges.up, &mid)?;
-        let up = mid.apply_op1_no_bwd(&self.up)?;
-        raise(&mut ranges.down, &up)?;
-        up.apply_op2_no_bwd(&mid, &self.down)
+        if let Some(r) = ranges.as_deref_mut() {
+            raise(&mut r.attn_out, ctx)?;
+        }
+        let x = ctx.apply_op2_no_bwd(x, &self.attn_out)?;
+        if let Some(r) = ranges.as_deref_mut() {
+            raise(&mut r.up, &x)?;
+        }
+        let up = x.apply_op1_no_bwd(&self.up)?;
+        if let Some(r) = ranges {
+            raise(&mut r.down, &up)?;
+        }
+        up.apply_op2_no_bwd(&x, &self.down)
     }
 
     /// This f32 layer with its linear layers in int8, smoothed for the measured `ranges`.
@@ -492,7 +492,7 @@ fn smoothed_int8(
             candle_core::bail!("int8 needs the fused CPU kernels");
         };
         let mut ranges = InputRanges::default();
-        x = layer.forward_measured(&x, &packed.segments, &mut ranges)?;
+        x = layer.forward_packed(&x, &packed.segments, Some(&mut ranges))?;
         out.push(Layer::Fused(Box::new(layer.smoothed_int8(&ranges)?)));
     }
     Ok(out)
@@ -642,7 +642,7 @@ impl Model {
                 candle_core::bail!("packed rows need the fused CPU kernels");
             };
             let _span = tracing::trace_span!("layer", index).entered();
-            x = layer.forward_packed(&x, &packed.segments)?;
+            x = layer.forward_packed(&x, &packed.segments, None)?;
         }
         let x = x.squeeze(0)?;
         let segments = &packed.segments;
