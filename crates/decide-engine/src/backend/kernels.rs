@@ -46,7 +46,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Te
 use rayon::prelude::*;
 
 use super::config::Activation;
-use super::quant::{gemm_int8, quantize_table_rows, QuantIsa, QuantizedMatrix};
+use super::quant::{gemm_int8_rows, quantize_table_rows, QuantIsa, QuantizedMatrix, RowHooks};
 
 /// Instruction-set levels the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -804,38 +804,52 @@ impl FusedLinear {
 
     fn run(&self, x: &[f32], m: usize, residual: Option<&[f32]>) -> Vec<f32> {
         let n = self.n;
-        let mut out = Vec::with_capacity(m * n);
-        match residual {
-            Some(res) => {
-                for row in res.chunks_exact(n) {
-                    out.extend(row.iter().zip(&self.bias).map(|(r, b)| r + b));
-                }
-            }
-            None => {
-                for _ in 0..m {
-                    out.extend_from_slice(&self.bias);
-                }
-            }
-        }
-        match &self.weights {
-            LinearWeights::F32(w_t) => gemm_f32(&mut out, x, w_t, m, self.k, n),
-            LinearWeights::Int8(w, isa) => gemm_int8(*isa, &mut out, x, w),
-        }
         let isa = self.isa;
-        match &self.epilogue {
+        let finish = |rows: &mut [f32]| match &self.epilogue {
             Epilogue::None => {}
-            Epilogue::Activation(a) => {
-                let a = *a;
-                out.par_chunks_mut(EPILOGUE_ROWS * n)
-                    .for_each(|rows| dispatch!(isa, activate(rows, a)));
-            }
+            Epilogue::Activation(a) => dispatch!(isa, activate(rows, *a)),
             Epilogue::ResidualNorm(p) => {
-                out.par_chunks_mut(EPILOGUE_ROWS * n).for_each(|rows| {
-                    dispatch!(isa, layer_norm_rows(rows, &p.gamma, &p.beta, p.eps))
-                });
+                dispatch!(isa, layer_norm_rows(rows, &p.gamma, &p.beta, p.eps))
+            }
+        };
+        match &self.weights {
+            LinearWeights::F32(w_t) => {
+                // gemm adds onto the output, so it starts as the bias (and residual).
+                let mut out = Vec::with_capacity(m * n);
+                match residual {
+                    Some(res) => {
+                        for row in res.chunks_exact(n) {
+                            out.extend(row.iter().zip(&self.bias).map(|(r, b)| r + b));
+                        }
+                    }
+                    None => (0..m).for_each(|_| out.extend_from_slice(&self.bias)),
+                }
+                gemm_f32(&mut out, x, w_t, m, self.k, n);
+                if !matches!(self.epilogue, Epilogue::None) {
+                    out.par_chunks_mut(EPILOGUE_ROWS * n).for_each(finish);
+                }
+                out
+            }
+            // The int8 product runs in tasks of whole rows, each of which sets up its rows and
+            // applies the epilogue while they are in its core's cache, rather than in passes
+            // of their own over the whole output.
+            LinearWeights::Int8(w, isa) => {
+                let prepare = |first: usize, rows: &mut [f32]| {
+                    let res = residual.map(|r| &r[first * n..first * n + rows.len()]);
+                    for (i, row) in rows.chunks_exact_mut(n).enumerate() {
+                        row.copy_from_slice(&self.bias);
+                        if let Some(res) = res {
+                            row.iter_mut()
+                                .zip(&res[i * n..(i + 1) * n])
+                                .for_each(|(o, r)| *o += r);
+                        }
+                    }
+                };
+                let mut out = vec![0f32; m * n];
+                gemm_int8_rows(*isa, &mut out, x, w, &RowHooks { prepare, finish });
+                out
             }
         }
-        out
     }
 }
 

@@ -18,8 +18,8 @@
 //! * **Products** accumulate exactly in i32 per group: `Σ_k u·q`. The zero point comes out with
 //!   the weights' column sums per group (`Σ_k (u - z)·q = Σ_k u·q - z·Σ_k q`), computed at
 //!   load; each group adds `a_ig · s_gj · (acc - z_ig · colsum_gj)` onto f32 accumulators,
-//!   which are added onto the output the caller preloaded with the bias (and residual), as the
-//!   f32 path does.
+//!   which are added onto output rows that the row block's task first set to the bias (and
+//!   residual) and then hands to the layer's epilogue ([`RowHooks`]).
 //!
 //! No overflow: a product is at most 255 · 127 and `k` is capped at 32,768 at load, so an
 //! accumulator stays under 2^31 (`vpdpbusd` sums four products into i32 without saturating).
@@ -839,16 +839,29 @@ fn block_dequant(
     }
 }
 
+/// What a task of [`gemm_int8_rows`] does to its own output rows, before their products are
+/// added (`prepare(first row, rows)`: the bias and residual) and once every panel has been
+/// (`finish(rows)`: the activation or LayerNorm). A task's rows are at most 64, so both run
+/// while the rows are still in the core's cache, instead of in passes of their own over the
+/// whole output.
+pub(crate) struct RowHooks<P, F> {
+    pub prepare: P,
+    pub finish: F,
+}
+
 /// Runs the kernels over all rows and panels, in parallel over blocks of output rows, and
-/// hands each register block's dequantized products to `emit(output rows of the task, first
-/// row of the block within the task, first column, block, rows)`.
-fn drive(
+/// adds each register block's dequantized products to the task's output rows, between the
+/// task's `hooks`.
+fn drive<P, F>(
     isa: QuantIsa,
     a: &QuantizedRows,
     w: &QuantizedMatrix,
     out: &mut [f32],
-    emit: impl Fn(&mut [f32], usize, usize, &FBlock, usize) + Sync,
-) {
+    hooks: &RowHooks<P, F>,
+) where
+    P: Fn(usize, &mut [f32]) + Sync,
+    F: Fn(&mut [f32]) + Sync,
+{
     let n = w.n;
     let m = a.scales.len() / a.groups.max(1);
     assert!(out.len() == m * n && a.kp == w.kp && a.groups == w.groups);
@@ -864,6 +877,7 @@ fn drive(
         .for_each(|(t, out)| {
             let first = t * rows_per_task;
             let rows = out.len() / n;
+            (hooks.prepare)(first, out);
             for p in 0..w.np / PANEL {
                 let panel = w.panel(p);
                 for r0 in (0..rows).step_by(MR) {
@@ -881,14 +895,41 @@ fn drive(
                     let src = &a.data[row * a.kp..(row + mr) * a.kp];
                     let mut f: FBlock = [[0.0; PANEL]; MR];
                     block_dequant(isa, src, a.kp, mr, panel, &scales, &mut f);
-                    emit(out, r0, p * PANEL, &f, mr);
+                    let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
+                    for (r, f) in f.iter().enumerate().take(mr) {
+                        let o = &mut out[(r0 + r) * n + j0..(r0 + r) * n + j0 + width];
+                        for (o, f) in o.iter_mut().zip(f) {
+                            *o += f;
+                        }
+                    }
                 }
             }
+            (hooks.finish)(out);
         });
 }
 
 /// `dst (m × n) += x (m × k) · W`, with `x` quantized per row here and `W` quantized at load.
+#[cfg(test)]
 pub(crate) fn gemm_int8(isa: QuantIsa, dst: &mut [f32], x: &[f32], w: &QuantizedMatrix) {
+    let hooks = RowHooks {
+        prepare: |_: usize, _: &mut [f32]| {},
+        finish: |_: &mut [f32]| {},
+    };
+    gemm_int8_rows(isa, dst, x, w, &hooks)
+}
+
+/// `dst (m × n) = finish(prepare(dst) + x (m × k) · W)` row block by row block (see
+/// [`RowHooks`]), with `x` quantized per row here and `W` quantized at load.
+pub(crate) fn gemm_int8_rows<P, F>(
+    isa: QuantIsa,
+    dst: &mut [f32],
+    x: &[f32],
+    w: &QuantizedMatrix,
+    hooks: &RowHooks<P, F>,
+) where
+    P: Fn(usize, &mut [f32]) + Sync,
+    F: Fn(&mut [f32]) + Sync,
+{
     let (k, n) = (w.k, w.n);
     assert!(k > 0 && x.len().is_multiple_of(k) && dst.len() == x.len() / k * n);
     let scaled: Vec<f32>;
@@ -910,15 +951,7 @@ pub(crate) fn gemm_int8(isa: QuantIsa, dst: &mut [f32], x: &[f32], w: &Quantized
         None => x,
     };
     let a = quantize_rows(isa, x, k, w.kp);
-    drive(isa, &a, w, dst, |out, r0, j0, f, rows| {
-        let width = PANEL.min(n - j0);
-        for (r, f) in f.iter().enumerate().take(rows) {
-            let o = &mut out[(r0 + r) * n + j0..(r0 + r) * n + j0 + width];
-            for (o, f) in o.iter_mut().zip(f) {
-                *o += f;
-            }
-        }
-    });
+    drive(isa, &a, w, dst, hooks);
 }
 
 #[cfg(test)]
