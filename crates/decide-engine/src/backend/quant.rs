@@ -384,8 +384,17 @@ fn quantize_row_at(isa: QuantIsa, x: &[f32], out: &mut [u8]) -> (f32, i32) {
 }
 
 /// Quantizes the rows of `x` (`m × k`) into rows of `kp`, each group of [`GROUP`] inputs on
-/// its own. No group is empty: `kp - k < 4`, and groups start at multiples of four.
-fn quantize_rows(isa: QuantIsa, x: &[f32], k: usize, kp: usize) -> QuantizedRows {
+/// its own, after multiplying input `kk` by `input_scales[kk]` when there are any (a smoothed
+/// matrix's, see [`QuantizedMatrix::quantize_smoothed`]; a group at a time, so the scaled
+/// activations never take a buffer of their own). No group is empty: `kp - k < 4`, and groups
+/// start at multiples of four.
+fn quantize_rows(
+    isa: QuantIsa,
+    x: &[f32],
+    k: usize,
+    kp: usize,
+    input_scales: Option<&[f32]>,
+) -> QuantizedRows {
     let m = x.len() / k.max(1);
     let groups = kp.div_ceil(GROUP);
     let mut data = vec![0u8; m * kp];
@@ -401,9 +410,21 @@ fn quantize_rows(isa: QuantIsa, x: &[f32], k: usize, kp: usize) -> QuantizedRows
         .with_min_len(16)
         .for_each(|(i, (out, (s, z)))| {
             let row = &x[i * k..(i + 1) * k];
+            let mut scaled = [0f32; GROUP];
             for g in 0..groups {
                 let (start, end) = (g * GROUP, ((g + 1) * GROUP).min(kp));
-                (s[g], z[g]) = quantize_row_at(isa, &row[start..end.min(k)], &mut out[start..end]);
+                let values = &row[start..end.min(k)];
+                let values = match input_scales {
+                    Some(inv) => {
+                        let scaled = &mut scaled[..values.len()];
+                        for ((o, v), f) in scaled.iter_mut().zip(values).zip(&inv[start..]) {
+                            *o = v * f;
+                        }
+                        &scaled[..]
+                    }
+                    None => values,
+                };
+                (s[g], z[g]) = quantize_row_at(isa, values, &mut out[start..end]);
             }
         });
     QuantizedRows {
@@ -932,25 +953,7 @@ pub(crate) fn gemm_int8_rows<P, F>(
 {
     let (k, n) = (w.k, w.n);
     assert!(k > 0 && x.len().is_multiple_of(k) && dst.len() == x.len() / k * n);
-    let scaled: Vec<f32>;
-    let x = match &w.input_scales {
-        // One pass over the m × k activations, against the m × k × n of the product.
-        Some(inv) => {
-            let mut out = vec![0f32; x.len()];
-            out.par_chunks_mut(k)
-                .zip(x.par_chunks(k))
-                .with_min_len(16)
-                .for_each(|(o, row)| {
-                    for ((o, v), s) in o.iter_mut().zip(row).zip(inv) {
-                        *o = v * s;
-                    }
-                });
-            scaled = out;
-            &scaled[..]
-        }
-        None => x,
-    };
-    let a = quantize_rows(isa, x, k, w.kp);
+    let a = quantize_rows(isa, x, k, w.kp, w.input_scales.as_deref());
     drive(isa, &a, w, dst, hooks);
 }
 
@@ -1061,13 +1064,13 @@ mod tests {
                     *v = v.abs() + 0.5;
                 }
             }
-            let a = quantize_rows(QuantIsa::portable(), &x, k, w.kp);
+            let a = quantize_rows(QuantIsa::portable(), &x, k, w.kp, None);
             // The largest code occurs (the top of some row's range), so the products reach
             // their extreme.
             assert!(m == 1 || a.data.contains(&255));
             let want = reference(&a, &w);
             for isa in levels() {
-                let again = quantize_rows(isa, &x, k, w.kp);
+                let again = quantize_rows(isa, &x, k, w.kp, None);
                 assert_eq!(again.data, a.data, "{} {m}x{k}", isa.name());
                 assert_eq!(again.zeros, a.zeros);
                 assert_eq!(again.scales, a.scales);
@@ -1108,7 +1111,7 @@ mod tests {
             let mut x = values(k as u64, 3 * k, 2.0);
             x[k..2 * k].iter_mut().for_each(|v| *v = v.abs());
             for isa in levels() {
-                let a = quantize_rows(isa, &x, k, round_up(k, 4));
+                let a = quantize_rows(isa, &x, k, round_up(k, 4), None);
                 assert_eq!(a.groups, k.div_ceil(GROUP));
                 for i in 0..3 {
                     for (kk, &v) in x[i * k..(i + 1) * k].iter().enumerate() {
@@ -1124,9 +1127,9 @@ mod tests {
         let mut x = vec![1.0f32; 40];
         x[33] = f32::NAN;
         for isa in levels() {
-            let a = quantize_rows(isa, &x, 40, 40);
+            let a = quantize_rows(isa, &x, 40, 40, None);
             assert!(a.scales[0].is_nan(), "{}", isa.name());
-            let zeros = quantize_rows(isa, &[0.0; 8], 8, 8);
+            let zeros = quantize_rows(isa, &[0.0; 8], 8, 8, None);
             assert_eq!((zeros.scales[0], zeros.zeros[0]), (0.0, 0));
         }
     }
