@@ -488,7 +488,7 @@ mod x86 {
         };
     }
 
-    use super::{Block, BlockScales, FBlock, GROUP, MR, PANEL};
+    use super::{Block, BlockScales, OutRows, GROUP, MR, PANEL};
 
     /// [`super::quantize_row`] of one group (at most [`GROUP`] inputs, each multiplied by its
     /// factor first when there are `factors`), with the group held in eight registers between
@@ -750,7 +750,7 @@ mod x86 {
         rows: usize,
         panel: &[i8],
         s: &BlockScales<'_>,
-        out: &mut FBlock,
+        out: &mut OutRows<'_>,
     ) {
         let isa = super::QuantIsa(super::Level::Avx2);
         super::block_dequant_generic(isa, a, stride, rows, panel, s, out);
@@ -767,7 +767,7 @@ mod x86 {
         stride: usize,
         panel: &[i8],
         s: &BlockScales<'_>,
-        out: &mut FBlock,
+        out: &mut OutRows<'_>,
     ) {
         let kp = stride;
         assert!((1..=MR).contains(&R) && kp.is_multiple_of(4));
@@ -776,6 +776,7 @@ mod x86 {
         assert!(s.rows_scales.len() >= R * s.groups && s.rows_zeros.len() >= R * s.groups);
         let last = (s.groups - 1) * s.np + PANEL;
         assert!(s.cols_scales.len() >= last && s.cols_scaled_sums.len() >= last);
+        assert!(out.data.len() >= (R - 1) * out.stride + PANEL);
         // The f32 sums live in `out` (L1), not in registers: with the 2·R i32 accumulators
         // they would take all 32 and spill inside the inner loop.
         for g in 0..s.groups {
@@ -789,12 +790,14 @@ mod x86 {
             // `a · s · (acc - z · Σq) = acc · (a · s) - (a · z) · (s · Σq)`: no integer
             // multiply in the epilogue. The accumulators (at most 255 · 127 · 128 < 2^24)
             // convert to f32 exactly.
-            for (r, (acc, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
+            for (r, acc) in acc.iter().enumerate() {
                 let a = s.rows_scales[r * s.groups + g];
                 let sa = _mm512_set1_ps(a);
                 let za = _mm512_set1_ps(a * s.rows_zeros[r * s.groups + g] as f32);
-                // SAFETY: o holds PANEL = 32 f32, two registers' worth.
-                let (o0, o1) = (o.as_mut_ptr(), o.as_mut_ptr().add(16));
+                // SAFETY: row r's PANEL = 32 f32 from r·stride, two registers' worth, inside
+                // `out.data` by the assertion above (r < R).
+                let o0 = out.data.as_mut_ptr().add(r * out.stride);
+                let o1 = o0.add(16);
                 let f0 = _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(acc[0]),
                     _mm512_mul_ps(sa, sw0),
@@ -822,7 +825,7 @@ mod x86 {
         rows: usize,
         panel: &[i8],
         s: &BlockScales<'_>,
-        out: &mut FBlock,
+        out: &mut OutRows<'_>,
     ) {
         by_rows!(rows, block_dequant_vnni_rows(a, stride, panel, s, out))
     }
@@ -866,9 +869,20 @@ fn block(
     }
 }
 
-/// One register block of dequantized products: `Σ_g a_rg · s_gc · (Σ_{k in g} u·q - z_rg ·
-/// Σ_{k in g} q)`.
-type FBlock = [[f32; PANEL]; MR];
+/// The f32 rows a register block's dequantized products, `Σ_g a_rg · s_gc · (Σ_{k in g} u·q -
+/// z_rg · Σ_{k in g} q)`, are added onto: [`PANEL`] values of row `r` from `r · stride`. These
+/// are the output's own rows wherever the panel lies wholly inside it, so no block of sums is
+/// zeroed and copied per panel.
+struct OutRows<'a> {
+    data: &'a mut [f32],
+    stride: usize,
+}
+
+impl OutRows<'_> {
+    fn row(&mut self, r: usize) -> &mut [f32] {
+        &mut self.data[r * self.stride..r * self.stride + PANEL]
+    }
+}
 
 /// Where a block's scales are: the activations' of its rows (row-major, `groups` a row) and
 /// the weights' of its panel (`groups` runs of [`PANEL`], `np` apart).
@@ -885,14 +899,15 @@ struct BlockScales<'a> {
 
 /// Adds group `g`'s dequantized accumulators to `out`. Inlined into each level's compiled copy.
 #[inline(always)]
-fn dequant_group(acc: &Block, rows: usize, g: usize, s: &BlockScales<'_>, out: &mut FBlock) {
+fn dequant_group(acc: &Block, rows: usize, g: usize, s: &BlockScales<'_>, out: &mut OutRows<'_>) {
     let sw: &[f32; PANEL] = s.cols_scales[g * s.np..g * s.np + PANEL]
         .try_into()
         .expect("a whole panel of scales");
     let cs: &[i32; PANEL] = s.cols_sums[g * s.np..g * s.np + PANEL]
         .try_into()
         .expect("a whole panel of sums");
-    for (r, (acc, o)) in acc.iter().zip(out.iter_mut()).enumerate().take(rows) {
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        let o = out.row(r);
         let (sa, z) = (
             s.rows_scales[r * s.groups + g],
             s.rows_zeros[r * s.groups + g],
@@ -913,7 +928,7 @@ fn block_dequant_generic(
     rows: usize,
     panel: &[i8],
     s: &BlockScales<'_>,
-    out: &mut FBlock,
+    out: &mut OutRows<'_>,
 ) {
     let mut acc: Block = [[0; PANEL]; MR];
     for g in 0..s.groups {
@@ -933,7 +948,7 @@ fn block_dequant(
     rows: usize,
     panel: &[i8],
     s: &BlockScales<'_>,
-    out: &mut FBlock,
+    out: &mut OutRows<'_>,
 ) {
     match isa.0 {
         // SAFETY: a `QuantIsa` at these levels exists only where detection confirmed the
@@ -1000,10 +1015,24 @@ fn drive<P, F>(
                         cols_scaled_sums: &w.scaled_sums[p * PANEL..],
                     };
                     let src = &a.data[row * a.kp..(row + mr) * a.kp];
-                    let mut f: FBlock = [[0.0; PANEL]; MR];
-                    block_dequant(isa, src, a.kp, mr, panel, &scales, &mut f);
                     let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
-                    for (r, f) in f.iter().enumerate().take(mr) {
+                    if width == PANEL {
+                        let mut o = OutRows {
+                            data: &mut out[r0 * n + j0..],
+                            stride: n,
+                        };
+                        block_dequant(isa, src, a.kp, mr, panel, &scales, &mut o);
+                        continue;
+                    }
+                    // The last panel reaches past the output's columns: its sums go through a
+                    // block of their own.
+                    let mut f = [0f32; PANEL * MR];
+                    let mut o = OutRows {
+                        data: &mut f,
+                        stride: PANEL,
+                    };
+                    block_dequant(isa, src, a.kp, mr, panel, &scales, &mut o);
+                    for (r, f) in f.chunks_exact(PANEL).enumerate().take(mr) {
                         let o = &mut out[(r0 + r) * n + j0..(r0 + r) * n + j0 + width];
                         for (o, f) in o.iter_mut().zip(f) {
                             *o += f;
