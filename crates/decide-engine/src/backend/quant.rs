@@ -408,7 +408,8 @@ fn quantize_group_at(
 /// its own, after multiplying input `kk` by `input_scales[kk]` when there are any (a smoothed
 /// matrix's, see [`QuantizedMatrix::quantize_smoothed`]; a group at a time, so the scaled
 /// activations never take a buffer of their own). No group is empty: `kp - k < 4`, and groups
-/// start at multiples of four.
+/// start at multiples of four. Runs on the calling thread: each task of [`drive`] quantizes its
+/// own rows, which it then reads from its core's cache.
 fn quantize_rows(
     isa: QuantIsa,
     x: &[f32],
@@ -421,14 +422,13 @@ fn quantize_rows(
     let mut data = vec![0u8; m * kp];
     let mut scales = vec![0f32; m * groups];
     let mut zeros = vec![0i32; m * groups];
-    data.par_chunks_mut(kp)
+    data.chunks_exact_mut(kp)
         .zip(
             scales
-                .par_chunks_mut(groups)
-                .zip(zeros.par_chunks_mut(groups)),
+                .chunks_exact_mut(groups)
+                .zip(zeros.chunks_exact_mut(groups)),
         )
         .enumerate()
-        .with_min_len(16)
         .for_each(|(i, (out, (s, z)))| {
             let row = &x[i * k..(i + 1) * k];
             for g in 0..groups {
@@ -971,12 +971,14 @@ pub(crate) struct RowHooks<P, F> {
     pub finish: F,
 }
 
-/// Runs the kernels over all rows and panels, in parallel over blocks of output rows, and
-/// adds each register block's dequantized products to the task's output rows, between the
-/// task's `hooks`.
+/// Runs the kernels over all rows of `x` (`m × k`) and all panels, in parallel over blocks of
+/// output rows: each task quantizes its own rows of `x`, then adds each register block's
+/// dequantized products to its output rows, between its `hooks`. One parallel pass per
+/// product, not one to quantize and one to multiply: a decision's forward pass is short enough
+/// that waking the threads twice per layer showed in its profile.
 fn drive<P, F>(
     isa: QuantIsa,
-    a: &QuantizedRows,
+    x: &[f32],
     w: &QuantizedMatrix,
     out: &mut [f32],
     hooks: &RowHooks<P, F>,
@@ -984,9 +986,9 @@ fn drive<P, F>(
     P: Fn(usize, &mut [f32]) + Sync,
     F: Fn(&mut [f32]) + Sync,
 {
-    let n = w.n;
-    let m = a.scales.len() / a.groups.max(1);
-    assert!(out.len() == m * n && a.kp == w.kp && a.groups == w.groups);
+    let (k, n) = (w.k, w.n);
+    let m = x.len() / k.max(1);
+    assert!(out.len() == m * n);
     if m == 0 || n == 0 {
         return;
     }
@@ -999,22 +1001,23 @@ fn drive<P, F>(
         .for_each(|(t, out)| {
             let first = t * rows_per_task;
             let rows = out.len() / n;
+            let mine = &x[first * k..(first + rows) * k];
+            let a = quantize_rows(isa, mine, k, w.kp, w.input_scales.as_deref());
             (hooks.prepare)(first, out);
             for p in 0..w.np / PANEL {
                 let panel = w.panel(p);
                 for r0 in (0..rows).step_by(MR) {
                     let mr = MR.min(rows - r0);
-                    let row = first + r0;
                     let scales = BlockScales {
                         groups: w.groups,
-                        rows_scales: &a.scales[row * a.groups..(row + mr) * a.groups],
-                        rows_zeros: &a.zeros[row * a.groups..(row + mr) * a.groups],
+                        rows_scales: &a.scales[r0 * a.groups..(r0 + mr) * a.groups],
+                        rows_zeros: &a.zeros[r0 * a.groups..(r0 + mr) * a.groups],
                         np: w.np,
                         cols_scales: &w.scales[p * PANEL..],
                         cols_sums: &w.col_sums[p * PANEL..],
                         cols_scaled_sums: &w.scaled_sums[p * PANEL..],
                     };
-                    let src = &a.data[row * a.kp..(row + mr) * a.kp];
+                    let src = &a.data[r0 * a.kp..(r0 + mr) * a.kp];
                     let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
                     if width == PANEL {
                         let mut o = OutRows {
@@ -1068,8 +1071,7 @@ pub(crate) fn gemm_int8_rows<P, F>(
 {
     let (k, n) = (w.k, w.n);
     assert!(k > 0 && x.len().is_multiple_of(k) && dst.len() == x.len() / k * n);
-    let a = quantize_rows(isa, x, k, w.kp, w.input_scales.as_deref());
-    drive(isa, &a, w, dst, hooks);
+    drive(isa, x, w, dst, hooks);
 }
 
 #[cfg(test)]
