@@ -834,20 +834,12 @@ impl FusedLinear {
             // applies the epilogue while they are in its core's cache, rather than in passes
             // of their own over the whole output.
             LinearWeights::Int8(w, isa) => {
-                let prepare = |first: usize, rows: &mut [f32]| {
-                    let res = residual.map(|r| &r[first * n..first * n + rows.len()]);
-                    for (i, row) in rows.chunks_exact_mut(n).enumerate() {
-                        row.copy_from_slice(&self.bias);
-                        if let Some(res) = res {
-                            row.iter_mut()
-                                .zip(&res[i * n..(i + 1) * n])
-                                .for_each(|(o, r)| *o += r);
-                        }
-                    }
+                let hooks = RowHooks {
+                    bias: &self.bias,
+                    residual,
+                    finish,
                 };
-                let mut out = vec![0f32; m * n];
-                gemm_int8_rows(*isa, &mut out, x, w, &RowHooks { prepare, finish });
-                out
+                gemm_int8_rows(*isa, x, w, &hooks)
             }
         }
     }

@@ -37,6 +37,8 @@
 //! a detected one. The VNNI and AVX2 kernels read through raw pointers; they assert at entry that
 //! the activation rows and the weight panel hold everything their loops read.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 /// Output columns of one packed weight panel: two AVX-512 registers of i32 accumulators.
@@ -961,49 +963,65 @@ fn block_dequant(
     }
 }
 
-/// What a task of [`gemm_int8_rows`] does to its own output rows, before their products are
-/// added (`prepare(first row, rows)`: the bias and residual) and once every panel has been
-/// (`finish(rows)`: the activation or LayerNorm). A task's rows are at most 64, so both run
-/// while the rows are still in the core's cache, instead of in passes of their own over the
-/// whole output.
-pub(crate) struct RowHooks<P, F> {
-    pub prepare: P,
+/// What the output rows of [`gemm_int8_rows`] start as (`bias` added to every row, plus the
+/// same row of `residual`, `m × n`, when there is one), and what each task does to its own
+/// rows once every panel's products are on them (`finish(rows)`: the activation or
+/// LayerNorm). A task's rows are at most 64, so both happen while the rows are still in the
+/// core's cache, instead of in passes of their own over the whole output.
+pub(crate) struct RowHooks<'a, F> {
+    pub bias: &'a [f32],
+    pub residual: Option<&'a [f32]>,
     pub finish: F,
 }
 
 /// Runs the kernels over all rows of `x` (`m × k`) and all panels, in parallel over blocks of
-/// output rows: each task quantizes its own rows of `x`, then adds each register block's
-/// dequantized products to its output rows, between its `hooks`. One parallel pass per
-/// product, not one to quantize and one to multiply: a decision's forward pass is short enough
-/// that waking the threads twice per layer showed in its profile.
-fn drive<P, F>(
-    isa: QuantIsa,
-    x: &[f32],
-    w: &QuantizedMatrix,
-    out: &mut [f32],
-    hooks: &RowHooks<P, F>,
-) where
-    P: Fn(usize, &mut [f32]) + Sync,
+/// output rows, into a new `m × n` output: each task quantizes its own rows of `x`, writes its
+/// output rows' first values (bias and residual) into memory never zeroed, adds each register
+/// block's dequantized products, and finishes them. One parallel pass per product, not one to
+/// quantize and one to multiply: a decision's forward pass is short enough that waking the
+/// threads twice per layer showed in its profile, as did zeroing every output first.
+fn drive<F>(isa: QuantIsa, x: &[f32], w: &QuantizedMatrix, hooks: &RowHooks<'_, F>) -> Vec<f32>
+where
     F: Fn(&mut [f32]) + Sync,
 {
     let (k, n) = (w.k, w.n);
     let m = x.len() / k.max(1);
-    assert!(out.len() == m * n);
+    assert!(hooks.bias.len() == n && hooks.residual.is_none_or(|r| r.len() == m * n));
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
     if m == 0 || n == 0 {
-        return;
+        return out;
     }
     // Enough tasks for every thread, each a whole number of register blocks and no more than
     // 64 rows, so that a task's activations stay in L2 while every panel passes by.
     let threads = rayon::current_num_threads().max(1);
     let rows_per_task = round_up(m.div_ceil(4 * threads), MR).clamp(MR, 64);
-    out.par_chunks_mut(rows_per_task * n)
+    out.spare_capacity_mut()[..m * n]
+        .par_chunks_mut(rows_per_task * n)
         .enumerate()
         .for_each(|(t, out)| {
             let first = t * rows_per_task;
             let rows = out.len() / n;
+            for (i, row) in out.chunks_exact_mut(n).enumerate() {
+                match hooks.residual {
+                    Some(res) => {
+                        let res = &res[(first + i) * n..(first + i + 1) * n];
+                        for ((o, b), r) in row.iter_mut().zip(hooks.bias).zip(res) {
+                            o.write(b + r);
+                        }
+                    }
+                    None => {
+                        for (o, b) in row.iter_mut().zip(hooks.bias) {
+                            o.write(*b);
+                        }
+                    }
+                }
+            }
+            // SAFETY: the loop above wrote every element of this task's rows (each of them
+            // has `n` elements and `bias` has `n`; `residual`'s rows too, asserted above), and
+            // `MaybeUninit<f32>` has the layout of `f32`.
+            let out: &mut [f32] = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
             let mine = &x[first * k..(first + rows) * k];
             let a = quantize_rows(isa, mine, k, w.kp, w.input_scales.as_deref());
-            (hooks.prepare)(first, out);
             for p in 0..w.np / PANEL {
                 let panel = w.panel(p);
                 for r0 in (0..rows).step_by(MR) {
@@ -1045,33 +1063,39 @@ fn drive<P, F>(
             }
             (hooks.finish)(out);
         });
+    // SAFETY: the tasks' rows cover all `m · n` elements (the chunks of the first `m · n` of
+    // the spare capacity), and each task wrote all of its own; a task that panicked would have
+    // ended this call before this line.
+    unsafe { out.set_len(m * n) };
+    out
 }
 
 /// `dst (m × n) += x (m × k) · W`, with `x` quantized per row here and `W` quantized at load.
 #[cfg(test)]
 pub(crate) fn gemm_int8(isa: QuantIsa, dst: &mut [f32], x: &[f32], w: &QuantizedMatrix) {
+    let bias = vec![0f32; w.n];
     let hooks = RowHooks {
-        prepare: |_: usize, _: &mut [f32]| {},
+        bias: &bias,
+        residual: Some(&*dst),
         finish: |_: &mut [f32]| {},
     };
-    gemm_int8_rows(isa, dst, x, w, &hooks)
+    let out = gemm_int8_rows(isa, x, w, &hooks);
+    dst.copy_from_slice(&out);
 }
 
-/// `dst (m × n) = finish(prepare(dst) + x (m × k) · W)` row block by row block (see
+/// `finish(bias + residual + x (m × k) · W)` (`m × n`) row block by row block (see
 /// [`RowHooks`]), with `x` quantized per row here and `W` quantized at load.
-pub(crate) fn gemm_int8_rows<P, F>(
+pub(crate) fn gemm_int8_rows<F>(
     isa: QuantIsa,
-    dst: &mut [f32],
     x: &[f32],
     w: &QuantizedMatrix,
-    hooks: &RowHooks<P, F>,
-) where
-    P: Fn(usize, &mut [f32]) + Sync,
+    hooks: &RowHooks<'_, F>,
+) -> Vec<f32>
+where
     F: Fn(&mut [f32]) + Sync,
 {
-    let (k, n) = (w.k, w.n);
-    assert!(k > 0 && x.len().is_multiple_of(k) && dst.len() == x.len() / k * n);
-    drive(isa, x, w, dst, hooks);
+    assert!(w.k > 0 && x.len().is_multiple_of(w.k));
+    drive(isa, x, w, hooks)
 }
 
 #[cfg(test)]
