@@ -327,12 +327,29 @@ impl QuantizedRows {
 /// Lanes of the min/max scan (one AVX-512 register of f32).
 const LANES: usize = 16;
 
+/// `1.5 · 2^23`: adding and subtracting it rounds an f32 in [0, 2^22] to the nearest integer,
+/// ties to even, in whatever code the compiler makes of it.
+const ROUND: f32 = 12_582_912.0;
+
+/// The scale, its inverse and the zero point of a row whose values span `[lo, hi]` (`lo <= 0 <=
+/// hi`); `None` for an empty range. Every level's row quantization computes them here, so that
+/// they agree to the bit.
+#[inline(always)]
+fn row_step(lo: f32, hi: f32) -> Option<(f32, f32, f32)> {
+    let range = hi - lo;
+    if range == 0.0 {
+        return None;
+    }
+    let inv = 255.0 / range;
+    let zero = ((-lo * inv).clamp(0.0, 255.0) + ROUND) - ROUND;
+    Some((range / 255.0, inv, zero))
+}
+
 /// Quantizes one row; inlined into every level's compiled copy, which all give the same
 /// integers: the rounding is the exact `x + 1.5·2^23 - 1.5·2^23` of IEEE round-to-nearest-even
 /// (values lie in [0, 255] by then), not a library call, so it vectorizes everywhere.
 #[inline(always)]
 fn quantize_row(x: &[f32], out: &mut [u8]) -> (f32, i32) {
-    const ROUND: f32 = 12_582_912.0;
     let mut lo = [0f32; LANES];
     let mut hi = [0f32; LANES];
     // NaN in a lane if the row holds a NaN or an infinity (0 · inf is NaN).
@@ -352,20 +369,16 @@ fn quantize_row(x: &[f32], out: &mut [u8]) -> (f32, i32) {
     }
     let lo = lo.iter().fold(0f32, |a, &b| a.min(b));
     let hi = hi.iter().fold(0f32, |a, &b| a.max(b));
-    let range = hi - lo;
     if probe.iter().any(|p| p.is_nan()) {
         // A NaN or an infinity, which the f32 path would propagate: the row reads as zeros and
         // its NaN scale carries the NaN into the output.
         out.fill(0);
         return (f32::NAN, 0);
     }
-    if range == 0.0 {
+    let Some((scale, inv, zero)) = row_step(lo, hi) else {
         out.fill(0);
         return (0.0, 0);
-    }
-    let scale = range / 255.0;
-    let inv = 255.0 / range;
-    let zero = ((-lo * inv).clamp(0.0, 255.0) + ROUND) - ROUND;
+    };
     for (o, &v) in out.iter_mut().zip(x) {
         *o = (((v * inv + zero).clamp(0.0, 255.0) + ROUND) - ROUND) as u8;
     }
@@ -490,7 +503,7 @@ mod x86 {
         };
     }
 
-    use super::{Block, BlockScales, OutRows, GROUP, MR, PANEL};
+    use super::{Block, BlockScales, OutRows, GROUP, MR, PANEL, ROUND};
 
     /// [`super::quantize_row`] of one group (at most [`GROUP`] inputs, each multiplied by its
     /// factor first when there are `factors`), with the group held in eight registers between
@@ -508,7 +521,6 @@ mod x86 {
         out: &mut [u8],
     ) -> (f32, i32) {
         const REGS: usize = GROUP / 16;
-        const ROUND: f32 = 12_582_912.0;
         let n = x.len();
         assert!(n <= GROUP && out.len() >= n && factors.is_none_or(|f| f.len() >= n));
         let mask = |r: usize| -> __mmask16 {
@@ -547,14 +559,10 @@ mod x86 {
         _mm512_storeu_ps(his.as_mut_ptr(), hi);
         let lo = los.iter().fold(0f32, |a, &b| a.min(b));
         let hi = his.iter().fold(0f32, |a, &b| a.max(b));
-        let range = hi - lo;
-        if range == 0.0 {
+        let Some((scale, inv, zero)) = super::row_step(lo, hi) else {
             out.fill(0);
             return (0.0, 0);
-        }
-        let scale = range / 255.0;
-        let inv = 255.0 / range;
-        let zero = ((-lo * inv).clamp(0.0, 255.0) + ROUND) - ROUND;
+        };
         let (vinv, vzero) = (_mm512_set1_ps(inv), _mm512_set1_ps(zero));
         let (top, round) = (_mm512_set1_ps(255.0), _mm512_set1_ps(ROUND));
         for (r, v) in v.iter().enumerate().take(used) {
