@@ -395,36 +395,36 @@ fn quantize_group_at(
     out: &mut [u8],
 ) -> (f32, i32) {
     debug_assert!(x.len() <= GROUP);
-    #[cfg(target_arch = "x86_64")]
-    if isa.0 == Level::Avx512Vnni {
-        // SAFETY: as in `block`.
-        return unsafe { x86::quantize_group_avx512(x, factors, out) };
-    }
-    let mut scaled = [0f32; GROUP];
-    let x = match factors {
-        Some(f) => {
-            let scaled = &mut scaled[..x.len()];
-            for ((o, v), f) in scaled.iter_mut().zip(x).zip(f) {
-                *o = v * f;
-            }
-            &scaled[..]
-        }
-        None => x,
-    };
+    let mut buffer = [0f32; GROUP];
     match isa.0 {
         // SAFETY: as in `block`.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512Vnni => unsafe { x86::quantize_row_avx2(x, out) },
-        Level::Portable => quantize_row(x, out),
+        Level::Avx512Vnni => unsafe { x86::quantize_group_avx512(x, factors, out) },
+        // SAFETY: as in `block`.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::quantize_row_avx2(scaled(x, factors, &mut buffer), out) },
+        Level::Portable => quantize_row(scaled(x, factors, &mut buffer), out),
     }
+}
+
+/// `x` multiplied input by input by `factors` into `buffer`, or `x` itself without factors.
+fn scaled<'a>(x: &'a [f32], factors: Option<&[f32]>, buffer: &'a mut [f32; GROUP]) -> &'a [f32] {
+    let Some(f) = factors else {
+        return x;
+    };
+    let buffer = &mut buffer[..x.len()];
+    for ((o, v), f) in buffer.iter_mut().zip(x).zip(f) {
+        *o = v * f;
+    }
+    buffer
 }
 
 /// Quantizes the rows of `x` (`m × k`) into rows of `kp`, each group of [`GROUP`] inputs on
 /// its own, after multiplying input `kk` by `input_scales[kk]` when there are any (a smoothed
 /// matrix's, see [`QuantizedMatrix::quantize_smoothed`]; a group at a time, so the scaled
 /// activations never take a buffer of their own). No group is empty: `kp - k < 4`, and groups
-/// start at multiples of four. Runs on the calling thread: each task of [`drive`] quantizes its
-/// own rows, which it then reads from its core's cache.
+/// start at multiples of four. Runs on the calling thread: each task of [`gemm_int8_rows`]
+/// quantizes its own rows, which it then reads from its core's cache.
 fn quantize_rows(
     isa: QuantIsa,
     x: &[f32],
@@ -982,18 +982,27 @@ pub(crate) struct RowHooks<'a, F> {
     pub finish: F,
 }
 
-/// Runs the kernels over all rows of `x` (`m × k`) and all panels, in parallel over blocks of
-/// output rows, into a new `m × n` output: each task quantizes its own rows of `x`, writes its
+/// `finish(bias + residual + x (m × k) · W)` (`m × n`) row block by row block (see
+/// [`RowHooks`]), with `x` quantized per row here and `W` quantized at load.
+///
+/// The kernels run over all rows of `x` and all panels, in parallel over blocks of output rows,
+/// into a new output: each task quantizes its own rows of `x`, writes its
 /// output rows' first values (bias and residual) into memory never zeroed, adds each register
 /// block's dequantized products, and finishes them. One parallel pass per product, not one to
 /// quantize and one to multiply: a decision's forward pass is short enough that waking the
 /// threads twice per layer showed in its profile, as did zeroing every output first.
-fn drive<F>(isa: QuantIsa, x: &[f32], w: &QuantizedMatrix, hooks: &RowHooks<'_, F>) -> Vec<f32>
+pub(crate) fn gemm_int8_rows<F>(
+    isa: QuantIsa,
+    x: &[f32],
+    w: &QuantizedMatrix,
+    hooks: &RowHooks<'_, F>,
+) -> Vec<f32>
 where
     F: Fn(&mut [f32]) + Sync,
 {
     let (k, n) = (w.k, w.n);
-    let m = x.len() / k.max(1);
+    assert!(k > 0 && x.len().is_multiple_of(k));
+    let m = x.len() / k;
     assert!(hooks.bias.len() == n && hooks.residual.is_none_or(|r| r.len() == m * n));
     let mut out: Vec<f32> = Vec::with_capacity(m * n);
     if m == 0 || n == 0 {
@@ -1089,21 +1098,6 @@ pub(crate) fn gemm_int8(isa: QuantIsa, dst: &mut [f32], x: &[f32], w: &Quantized
     };
     let out = gemm_int8_rows(isa, x, w, &hooks);
     dst.copy_from_slice(&out);
-}
-
-/// `finish(bias + residual + x (m × k) · W)` (`m × n`) row block by row block (see
-/// [`RowHooks`]), with `x` quantized per row here and `W` quantized at load.
-pub(crate) fn gemm_int8_rows<F>(
-    isa: QuantIsa,
-    x: &[f32],
-    w: &QuantizedMatrix,
-    hooks: &RowHooks<'_, F>,
-) -> Vec<f32>
-where
-    F: Fn(&mut [f32]) + Sync,
-{
-    assert!(w.k > 0 && x.len().is_multiple_of(w.k));
-    drive(isa, x, w, hooks)
 }
 
 #[cfg(test)]
