@@ -32,7 +32,7 @@ fn select_example(extra: &[&str]) -> (serde_json::Value, Vec<String>) {
 }
 
 #[test]
-fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {
+fn select_on_the_shipped_example_passes_the_forecast_and_the_email_it_asks_for() {
     let (v, names) = select_example(&[]);
     assert!(names.iter().any(|n| n == "get_forecast"), "{v}");
     let catalogue: serde_json::Value =
@@ -53,9 +53,8 @@ fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {
         names.len() < all.len() / 2,
         "the filter must filter: {names:?}"
     );
-    // The follow-up asks for an email too: the trained default model ranks it first of the
-    // tools it is asked about, at 0.410 (calibrated on MCP conversations), and passes it when the
-    // filter is asked for a miss rate rather than a threshold.
+    // The follow-up asks for an email too ("email it to Anna"): the trained default model ranks
+    // it first of the tools it is asked about (0.663) and passes it at the default threshold.
     let p = |name: &str| {
         asked.iter().find(|s| s["name"] == name).unwrap()["probability"]
             .as_f64()
@@ -68,13 +67,14 @@ fn select_on_the_shipped_example_keeps_forecast_and_ranks_email_high() {
                 || s["probability"].as_f64().unwrap() < p("send_email")),
         "send_email is not the most probable tool: {v}"
     );
-    assert!(p("send_email") > 0.4, "{v}");
+    assert!(p("send_email") >= 0.5, "{v}");
+    assert!(names.iter().any(|n| n == "send_email"), "{v}");
     let (_, names) = select_example(&["--target-recall", "0.9"]);
     assert!(
         names.iter().any(|n| n == "get_forecast") && names.iter().any(|n| n == "send_email"),
         "{names:?}"
     );
-    // 90% of needed MCP tools (the calibration cases') lie above 0.0113: 9 of the 27 tools.
+    // 90% of needed MCP tools (the calibration cases') lie above 0.0154: 11 of the 27 tools.
     assert!(
         names.len() < all.len() / 2,
         "the filter must filter: {names:?}"

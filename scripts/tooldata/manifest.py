@@ -2,13 +2,14 @@
 """Writes the manifest of a model built from a base and a delta (scripts/train-tool-model).
 
   manifest.py --template --name NAME --base BASE --delta DELTA_FILE --trained TRAINED_MANIFEST \\
-      --dir ASSEMBLED_DIR > ASSEMBLED_DIR/manifest.toml
+      [--earlier STAGE1_MANIFEST] --dir ASSEMBLED_DIR > ASSEMBLED_DIR/manifest.toml
       Prints the manifest of the model assembled in ASSEMBLED_DIR by `models/build.py assemble`
       from models/BASE/ and DELTA_FILE: name NAME, hf_id "decide/NAME" (not on the hub: models/fetch
       builds it), revision "local", the base manifest's architecture, head and max_length,
       [scoring] and [training] from TRAINED_MANIFEST (the manifest `decide train` wrote; the
       [training] keys that hold paths on this machine, such as data and eval, are dropped, their
-      sha256 kept), [build] naming BASE and DELTA_FILE's file name with its sha256, and [files]:
+      sha256 kept), with --earlier STAGE1_MANIFEST the first stage's [training] as
+      [training.stage1], [build] naming BASE and DELTA_FILE's file name with its sha256, and [files]:
       the sha256 of every file in ASSEMBLED_DIR.
       It also holds [calibration] (TRAINED_MANIFEST's, else the identity) and a placeholder
       [conformal] table, which `decide calibrate` then overwrites in place: a table calibrate had
@@ -218,6 +219,24 @@ def check_fields(doc: dict, what: str):
             raise Fail(f"{what}: no {key}")
 
 
+def training_table(trained: dict, where: str) -> tuple[dict, list[tuple[str, object]]]:
+    """A `decide train` manifest's [training] table, and its items without the ones that hold
+    paths on this machine (their sha256 stay)."""
+    training = trained.get("training")
+    if not isinstance(training, dict):
+        raise Fail(f"{where}: no [training] table (not written by decide train?)")
+    kept, dropped = [], []
+    for k in sorted(training):
+        v = training[k]
+        if k in PATH_KEYS or (isinstance(v, str) and ("/" in v or "\\" in v or v.startswith("~"))):
+            dropped.append(k)
+        elif not isinstance(v, dict):
+            kept.append((k, v))
+    if dropped:
+        print(f"{PROG}: {where}: [training]: left out {', '.join(dropped)} (paths on this machine)", file=sys.stderr)
+    return training, kept
+
+
 def template(args) -> str:
     base_manifest_path = os.path.join(ROOT, "models", args.base, "manifest.toml")
     base = read_toml(base_manifest_path)
@@ -240,18 +259,10 @@ def template(args) -> str:
     except (KeyError, TypeError, ValueError):
         raise Fail(f"{args.trained}: [calibration] needs numbers a and b") from None
 
-    training = trained.get("training")
-    if not isinstance(training, dict):
-        raise Fail(f"{args.trained}: no [training] table (not written by decide train?)")
-    kept, dropped = [], []
-    for k in sorted(training):
-        v = training[k]
-        if k in PATH_KEYS or (isinstance(v, str) and ("/" in v or "\\" in v or v.startswith("~"))):
-            dropped.append(k)
-        else:
-            kept.append((k, v))
-    if dropped:
-        print(f"{PROG}: [training]: left out {', '.join(dropped)} (paths on this machine)", file=sys.stderr)
+    training, kept = training_table(trained, args.trained)
+    earlier = None
+    if args.earlier:
+        earlier = training_table(read_toml(args.earlier), args.earlier)[1]
 
     # What the built model is, for the comments: how many layers were trained.
     config_path = os.path.join(args.dir, "config.json")
@@ -270,17 +281,19 @@ def template(args) -> str:
     paragraphs = [
         f"{args.name}: {args.base} fine-tuned to choose tools, used as a {base['head']}: {what} by "
         "`decide train` on public tool-selection data (MetaTool, Seal-Tools, API-Bank, "
-        "StableToolBench, LiveMCPBench's tune part), some tools of each set held out.",
+        "StableToolBench, LiveMCPBench's tune part), some tools of each set held out"
+        + ("; then, from that model, on MCP conversations (the tune parts of crates/decide-eval/data, "
+           "against their whole catalogues) with a replay of those cases."
+           if earlier is not None else "."),
         "Built, not downloaded: the repository keeps only the trained tensors, as float16 "
         f"differences from {args.base}'s, in {delta_name}; models/fetch fetches the base and runs "
         "`models/build.py assemble` (see [build]), then checks every file against [files]. "
         f"scripts/train-tool-model reproduces {delta_name} and this manifest from the data.",
         "The calibration and the conformal table were fitted by `decide calibrate` on held-out "
-        "conversations with real MCP tools, the kind of catalogue the model serves: "
-        "crates/decide-eval/data/own/tune.jsonl and models/calibration/tools.jsonl, neither of "
-        "them trained on; never on the report parts. (The synthetic held-out cases that epochs "
-        "were chosen on are easier than MCP conversations, and would promise a recall that MCP "
-        "catalogues do not get.)",
+        "conversations with real MCP tools, the kind of catalogue the model serves, none of them "
+        "trained on ([conformal] source names them); never on the report parts. (The synthetic "
+        "held-out cases that epochs were chosen on are easier than MCP conversations, and would "
+        "promise a recall that MCP catalogues do not get.)",
     ]
     head = []
     for p in paragraphs:
@@ -317,6 +330,11 @@ def template(args) -> str:
         "How `decide train` fine-tuned it (as scripts/train-tool-model runs it): the",
         "hyper-parameters and the sha256 of the data files (their paths left out).",
     ], args.trained)
+    if earlier is not None:
+        text += table("training.stage1", earlier, [
+            "The first stage, on the general sets; the table above is the second, which started",
+            "from this one's model.",
+        ], args.earlier)
     text += table("build", [("base", args.base), ("delta", delta_name), ("delta_sha256", delta_sha256)], [
         f"models/fetch builds the model with `models/build.py assemble` from models/{args.base}/",
         f"and {delta_name} (float16 differences from the base's tensors), after checking its sha256.",
@@ -391,6 +409,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--base", help="the base model's name: models/BASE/ (--template)")
     parser.add_argument("--delta", help="the delta safetensors file (--template)")
     parser.add_argument("--trained", help="the manifest `decide train` wrote (--template)")
+    parser.add_argument("--earlier", help="the manifest of an earlier stage the run started from (--template)")
     parser.add_argument("--dir", required=True, help="the built model's folder")
     args = parser.parse_args(argv)
     if args.template:

@@ -2,12 +2,13 @@
 """Measures tool-selection models side by side and prints the tables of docs/models.md (markdown).
 
     python3 scripts/tooldata/report.py [--decide target/release/decide] [--data target/tool-model/data]
-                                       [--json OUT.json] MODEL [MODEL ...]
+                                       [--seen-in TRAIN.jsonl ...] [--json OUT.json] MODEL [MODEL ...]
 
 For each model, with `decide --model MODEL eval --json`:
 
 * the report parts (never trained, tuned or chosen on): own report at the model's default threshold,
-  LiveMCPBench report, each with `--seen-in` the training file (tools named in training vs not),
+  LiveMCPBench report, each with `--seen-in` the training files (tools named in training vs not;
+  `DATA/train.jsonl` unless `--seen-in` names them, as both stages' files for a two-stage model),
   and `--target-recall` 0.9 / 0.95 / 0.99 (achieved recall and mean set size);
 * the parts held out by tool (tools that training never saw), per source, and the own tune part:
   what recipes and epochs were chosen on.
@@ -75,15 +76,17 @@ def main():
     ap.add_argument("--decide", default="target/release/decide")
     ap.add_argument("--data", default="target/tool-model/data")
     ap.add_argument("--json", help="also write every report as JSON here")
+    ap.add_argument("--seen-in", action="append", metavar="TRAIN.jsonl",
+                    help="training files whose tools count as seen (repeat; default: DATA/train.jsonl)")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
-    train = os.path.join(a.data, "train.jsonl")
+    seen_in = [x for t in (a.seen_in or [os.path.join(a.data, "train.jsonl")]) for x in ("--seen-in", t)]
     heldout = split_heldout(a.data)
     everything = {}
     for model in a.models:
         r = everything.setdefault(model, {})
         for key, (data, tools) in (("own", OWN), ("live", LIVE)):
-            rep, err = run_eval(a.decide, model, data, tools, ["--seen-in", train])
+            rep, err = run_eval(a.decide, model, data, tools, seen_in)
             if err:
                 fail(f"{model} on {data}: {err}")
             r[key] = rep
@@ -108,7 +111,7 @@ def main():
             print(f"| {model} | {name} | {fmt(e['top1_accuracy'])} | {fmt(e['recall_at_10'])} | {fmt(e['mrr'])} "
                   f"| {fmt(e['precision'])} | {fmt(e['recall'])} | {fmt(e['no_tool_none_selected'])} "
                   f"| {e['mean_selected']:.2f} | {fmt(e['ece'])} |")
-    print("\nSeen in training or not (`--seen-in train.jsonl`), report parts:\n")
+    print("\nSeen in training or not (`--seen-in`), report parts:\n")
     print("| model | set | seen pairs | seen recall@10 | seen MRR | unseen pairs | unseen recall@10 | unseen MRR |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for model, r in everything.items():

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Writes the MCP adaptation stage's training file: MCP conversations, repeated, over a replay of
+the general training cases.
+
+    python3 scripts/tooldata/adapt.py --data target/tool-model/data --eval-data crates/decide-eval/data \
+        --no-tool scripts/tooldata/no-tool.jsonl --tools examples/tools.json --out OUT \
+        [--replay 1000] [--repeat 4] [--seed 42] [--folds 2 --fold I]
+
+The general sets (MetaTool, Seal-Tools, API-Bank, StableToolBench) teach the model what a request
+for a tool looks like, but their tools read like plugin-store and REST descriptions. The tools a
+user's agent sees are MCP tools: terse names, one-line descriptions, near-duplicates across
+servers. This stage continues training on the MCP conversations the project may train on, the
+tuning parts of `--eval-data` (`own/tune.jsonl` against its 62-tool catalogue and
+`livemcpbench/tune.jsonl` against all 526 tools, so the hard negatives are the real near misses)
+and the hand-written no-tool conversations of `--no-tool` (against `--tools`), each repeated
+`--repeat` times, mixed with `--replay` cases drawn from `--data`'s `train.jsonl` so the general
+sets are not forgotten.
+
+Writes to `--out`:
+
+- `adapt.jsonl`: the training file (shuffled; repeats get ids `ID~rK`, since ids must be unique);
+- `summary.json`: the counts, the seed and the sha256 of every input.
+
+With `--folds N --fold I`, the MCP cases are dealt into N folds per set (seeded) and fold I is
+held out: it is left out of `adapt.jsonl` and written to `test.jsonl` (every line with its
+catalogue as `tools` and a `source` field), so the stage's recipe is chosen by cross-validation on
+the tuning parts. No report part is read; the models/calibration cases stay out of training, to fit
+the calibration on conversations the model never saw.
+
+Deterministic: the same inputs, options and seed give byte-identical files.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prepare import Fail, Inputs, dumps, rng_for  # noqa: E402
+
+
+def mcp_sets(inputs: Inputs, args) -> list[tuple[str, list[dict], list[dict]]]:
+    """(source, cases, catalogue) for each MCP set training may use."""
+    sets = []
+    for source, part in [("own", "own"), ("livemcpbench", "livemcpbench")]:
+        path = os.path.join(args.eval_data, part)
+        catalogue = inputs.catalogue(os.path.join(path, "catalogue.json"), f"eval-data/{part}/catalogue.json")
+        cases = inputs.cases(os.path.join(path, "tune.jsonl"), f"eval-data/{part}/tune.jsonl")
+        sets.append((source, cases, catalogue, f"{path}/tune.jsonl"))
+    catalogue = inputs.catalogue(args.tools, "tools")
+    cases = inputs.cases(args.no_tool, "no-tool")
+    sets.append(("no-tool", cases, catalogue, args.no_tool))
+    out = []
+    for source, cases, catalogue, path in sets:
+        names = {t["name"] for t in catalogue}
+        for c in cases:
+            for n in c["expected"]:
+                if n not in names:
+                    raise Fail(f"{path}:{c['_line']}: expected: unknown tool {n!r}")
+        out.append((source, cases, catalogue))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", required=True, help="scripts/tooldata/prepare.py's --out folder")
+    parser.add_argument("--eval-data", required=True, help="crates/decide-eval/data")
+    parser.add_argument("--no-tool", required=True, help="conversations that need no tool (JSONL)")
+    parser.add_argument("--tools", required=True, help="the catalogue of the --no-tool cases")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--replay", type=int, default=1000, help="general training cases mixed in")
+    parser.add_argument("--repeat", type=int, default=4, help="times each MCP case is repeated")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--folds", type=int, default=0, help="deal the MCP cases into this many folds")
+    parser.add_argument("--fold", type=int, default=0, help="the fold held out (0-based)")
+    args = parser.parse_args(argv)
+    if args.replay < 0 or args.repeat < 1:
+        raise Fail("--replay must be at least 0 and --repeat at least 1")
+    if args.folds == 1 or args.folds < 0 or (args.folds and not 0 <= args.fold < args.folds):
+        raise Fail(f"--fold {args.fold} of --folds {args.folds}: need at least 2 folds and 0 <= fold < folds")
+
+    inputs = Inputs()
+    train_path = os.path.join(args.data, "train.jsonl")
+    general = [c for c in inputs.cases(train_path, "train.jsonl")
+               # The LiveMCPBench tune cases are in the MCP mix already, against the whole catalogue.
+               if not str(c["id"]).startswith("livemcpbench-")]
+    rng = rng_for(args.seed, "adapt", "replay")
+    replay = rng.sample(general, min(args.replay, len(general)))
+
+    lines, test, counts = [], [], {}
+    for source, cases, catalogue in mcp_sets(inputs, args):
+        held = set()
+        if args.folds:
+            order = list(range(len(cases)))
+            rng_for(args.seed, "adapt", "folds", source).shuffle(order)
+            held = {i for k, i in enumerate(order) if k % args.folds == args.fold}
+        trained = 0
+        for i, c in enumerate(cases):
+            obj = {"id": c["id"], "messages": c["messages"], "tools": catalogue, "expected": c["expected"]}
+            if i in held:
+                test.append({**obj, "source": source})
+                continue
+            trained += 1
+            for k in range(args.repeat):
+                lines.append({**obj, "id": f"{c['id']}~r{k}" if k else c["id"]})
+        counts[source] = {"cases": len(cases), "trained": trained, "held_out": len(held)}
+    for c in replay:
+        lines.append({k: v for k, v in c.items() if k != "_line"})
+    rng_for(args.seed, "adapt", "shuffle").shuffle(lines)
+
+    os.makedirs(args.out, exist_ok=True)
+
+    def write(name: str, rows: list[dict]) -> str:
+        path = os.path.join(args.out, name)
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(dumps(row) + "\n")
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    outputs = {"adapt.jsonl": write("adapt.jsonl", lines)}
+    if args.folds:
+        outputs["test.jsonl"] = write("test.jsonl", test)
+    summary = {"seed": args.seed, "replay": len(replay), "repeat": args.repeat, "folds": args.folds,
+               "fold": args.fold if args.folds else None, "mcp": counts, "lines": len(lines),
+               "inputs_sha256": inputs.sha256, "outputs_sha256": outputs}
+    with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"adapt.jsonl: {len(lines)} lines ({len(replay)} replayed, MCP cases x{args.repeat}: "
+          + ", ".join(f"{s} {c['trained']}" for s, c in counts.items())
+          + (f"); test.jsonl: {len(test)} cases (fold {args.fold} of {args.folds})" if args.folds else ")")
+          + f"; written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Fail as e:
+        print(f"adapt.py: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Tests of adapt.py (the MCP adaptation stage's training file) on small data in a temporary folder."""
+import json
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent / "adapt.py"
+
+
+def write_jsonl(path: Path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def case(i, expected, text=None):
+    return {"id": i, "messages": [{"role": "user", "content": text or f"request {i}"}], "expected": expected}
+
+
+class Adapt(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        root = Path(self.tmp.name)
+        self.root = root
+        general = [dict(case(f"g{i}", ["t1"]), tools=[{"name": "t1", "description": "a tool"}]) for i in range(20)]
+        general.append(dict(case("livemcpbench-x", ["t1"]), tools=[{"name": "t1", "description": "a tool"}]))
+        write_jsonl(root / "data" / "train.jsonl", general)
+        for part, tool in [("own", "read_file"), ("livemcpbench", "get-tickets")]:
+            (root / "eval" / part).mkdir(parents=True)
+            (root / "eval" / part / "catalogue.json").write_text(json.dumps(
+                {"tools": [{"name": tool, "description": "d"}, {"name": "other", "description": "e"}]}))
+            write_jsonl(root / "eval" / part / "tune.jsonl",
+                        [case(f"{part}-{i}", [tool] if i % 3 else []) for i in range(9)])
+            write_jsonl(root / "eval" / part / "report.jsonl", [case(f"{part}-report", [tool])])
+        write_jsonl(root / "no-tool.jsonl", [case(f"n{i}", []) for i in range(4)])
+        (root / "tools.json").write_text(json.dumps([{"name": "x", "description": "y"}]))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_adapt(self, out, *extra):
+        r = self.root
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), "--data", str(r / "data"), "--eval-data", str(r / "eval"),
+             "--no-tool", str(r / "no-tool.jsonl"), "--tools", str(r / "tools.json"), "--out", str(r / out),
+             "--replay", "5", "--repeat", "3", *extra],
+            capture_output=True, text=True)
+
+    def lines(self, out, name):
+        return [json.loads(l) for l in (self.root / out / name).read_text().splitlines()]
+
+    def test_mcp_cases_are_repeated_over_a_replay_and_the_same_seed_gives_the_same_bytes(self):
+        self.assertEqual(self.run_adapt("a").returncode, 0)
+        self.assertEqual(self.run_adapt("b").returncode, 0)
+        self.assertEqual((self.root / "a" / "adapt.jsonl").read_bytes(), (self.root / "b" / "adapt.jsonl").read_bytes())
+        rows = self.lines("a", "adapt.jsonl")
+        ids = [r["id"] for r in rows]
+        self.assertEqual(len(ids), len(set(ids)), "ids are unique, repeats included")
+        self.assertEqual(len(rows), 5 + 3 * (9 + 9 + 4))
+        self.assertNotIn("livemcpbench-x", ids, "the general file's LiveMCPBench cases are not replayed")
+        self.assertFalse(any("report" in i for i in ids), "no report case is read")
+        own = [r for r in rows if r["id"].startswith("own-1")]
+        self.assertEqual(len(own), 3)
+        self.assertEqual([t["name"] for t in own[0]["tools"]], ["read_file", "other"], "the whole catalogue")
+
+    def test_folds_hold_out_each_case_once(self):
+        held = []
+        for fold in range(3):
+            self.assertEqual(self.run_adapt(f"f{fold}", "--folds", "3", "--fold", str(fold)).returncode, 0)
+            test = self.lines(f"f{fold}", "test.jsonl")
+            trained = {r["id"].split("~")[0] for r in self.lines(f"f{fold}", "adapt.jsonl")}
+            self.assertFalse(trained & {r["id"] for r in test}, "a held-out case is not trained on")
+            held += [r["id"] for r in test]
+        self.assertEqual(sorted(held), sorted(set(held)))
+        self.assertEqual(len(held), 9 + 9 + 4)
+
+    def test_bad_input_is_a_one_line_error(self):
+        write_jsonl(self.root / "eval" / "own" / "tune.jsonl", [case("own-1", ["missing_tool"])])
+        done = self.run_adapt("c")
+        self.assertEqual(done.returncode, 2)
+        self.assertEqual(len(done.stderr.strip().splitlines()), 1)
+        self.assertIn("tune.jsonl:1: expected: unknown tool 'missing_tool'", done.stderr)
+        done = self.run_adapt("d", "--folds", "2", "--fold", "2")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("--fold 2 of --folds 2", done.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
