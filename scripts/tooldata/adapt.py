@@ -41,25 +41,24 @@ from prepare import Fail, Inputs, dumps, rng_for  # noqa: E402
 
 
 def mcp_sets(inputs: Inputs, args) -> list[tuple[str, list[dict], list[dict]]]:
-    """(source, cases, catalogue) for each MCP set training may use."""
+    """(source, cases, catalogue) for each MCP set training may use; every expected tool is in
+    its catalogue."""
+    # (source, cases, their label in the summary, catalogue, its label)
+    parts = [(part, os.path.join(args.eval_data, part, "tune.jsonl"), f"eval-data/{part}/tune.jsonl",
+              os.path.join(args.eval_data, part, "catalogue.json"), f"eval-data/{part}/catalogue.json")
+             for part in ("own", "livemcpbench")]
+    parts.append(("no-tool", args.no_tool, "no-tool", args.tools, "tools"))
     sets = []
-    for source, part in [("own", "own"), ("livemcpbench", "livemcpbench")]:
-        path = os.path.join(args.eval_data, part)
-        catalogue = inputs.catalogue(os.path.join(path, "catalogue.json"), f"eval-data/{part}/catalogue.json")
-        cases = inputs.cases(os.path.join(path, "tune.jsonl"), f"eval-data/{part}/tune.jsonl")
-        sets.append((source, cases, catalogue, f"{path}/tune.jsonl"))
-    catalogue = inputs.catalogue(args.tools, "tools")
-    cases = inputs.cases(args.no_tool, "no-tool")
-    sets.append(("no-tool", cases, catalogue, args.no_tool))
-    out = []
-    for source, cases, catalogue, path in sets:
+    for source, cases_path, cases_label, catalogue_path, catalogue_label in parts:
+        catalogue = inputs.catalogue(catalogue_path, catalogue_label)
+        cases = inputs.cases(cases_path, cases_label)
         names = {t["name"] for t in catalogue}
         for c in cases:
             for n in c["expected"]:
                 if n not in names:
-                    raise Fail(f"{path}:{c['_line']}: expected: unknown tool {n!r}")
-        out.append((source, cases, catalogue))
-    return out
+                    raise Fail(f"{cases_path}:{c['_line']}: expected: unknown tool {n!r}")
+        sets.append((source, cases, catalogue))
+    return sets
 
 
 def main(argv: list[str]) -> int:
@@ -112,12 +111,10 @@ def main(argv: list[str]) -> int:
     os.makedirs(args.out, exist_ok=True)
 
     def write(name: str, rows: list[dict]) -> str:
-        path = os.path.join(args.out, name)
-        with open(path, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(dumps(row) + "\n")
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        data = "".join(dumps(row) + "\n" for row in rows).encode("utf-8")
+        with open(os.path.join(args.out, name), "wb") as f:
+            f.write(data)
+        return hashlib.sha256(data).hexdigest()
 
     outputs = {"adapt.jsonl": write("adapt.jsonl", lines)}
     if args.folds:
