@@ -4,7 +4,7 @@ the general training cases.
 
     python3 scripts/tooldata/adapt.py --data target/tool-model/data --eval-data crates/decide-eval/data \
         --no-tool scripts/tooldata/no-tool.jsonl --tools examples/tools.json --out OUT \
-        [--replay 1000] [--repeat 4] [--seed 42] [--folds 2 --fold I]
+        [--replay 1000] [--repeat 4] [--seed 42] [--folds 2 --fold I] [--extra BFCL/bfcl.jsonl]
 
 The general sets (MetaTool, Seal-Tools, API-Bank, StableToolBench) teach the model what a request
 for a tool looks like, but their tools read like plugin-store and REST descriptions. The tools a
@@ -14,7 +14,8 @@ tuning parts of `--eval-data` (`own/tune.jsonl` against its 62-tool catalogue an
 `livemcpbench/tune.jsonl` against all 526 tools, so the hard negatives are the real near misses)
 and the hand-written no-tool conversations of `--no-tool` (against `--tools`), each repeated
 `--repeat` times, mixed with `--replay` cases drawn from `--data`'s `train.jsonl` so the general
-sets are not forgotten.
+sets are not forgotten. `--extra` adds cases that carry their own tools (scripts/tooldata/bfcl.py's
+`bfcl.jsonl`), each once.
 
 Writes to `--out`:
 
@@ -71,6 +72,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--replay", type=int, default=1000, help="general training cases mixed in")
     parser.add_argument("--repeat", type=int, default=4, help="times each MCP case is repeated")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--extra", action="append", default=[], metavar="FILE.jsonl",
+                        help="more cases, each with its own \"tools\", taken once (repeat)")
     parser.add_argument("--folds", type=int, default=0, help="deal the MCP cases into this many folds")
     parser.add_argument("--fold", type=int, default=0, help="the fold held out (0-based)")
     args = parser.parse_args(argv)
@@ -106,6 +109,13 @@ def main(argv: list[str]) -> int:
         counts[source] = {"cases": len(cases), "trained": trained, "held_out": len(held)}
     for c in replay:
         lines.append({k: v for k, v in c.items() if k != "_line"})
+    for n, path in enumerate(args.extra):
+        extra = inputs.cases(path, f"extra{n}")
+        for c in extra:
+            if not isinstance(c.get("tools"), list) or not c["tools"]:
+                raise Fail(f"{path}:{c['_line']}: tools: each --extra case needs its own tools")
+            lines.append({k: v for k, v in c.items() if k != "_line"})
+        counts[f"extra{n}"] = {"cases": len(extra), "trained": len(extra), "held_out": 0}
     rng_for(args.seed, "adapt", "shuffle").shuffle(lines)
 
     os.makedirs(args.out, exist_ok=True)

@@ -76,6 +76,20 @@ class Adapt(unittest.TestCase):
         self.assertEqual(sorted(held), sorted(set(held)))
         self.assertEqual(len(held), 9 + 9 + 4)
 
+    def test_extra_cases_are_taken_once_with_their_own_tools(self):
+        extra = [dict(case(f"x{i}", ["b"]), tools=[{"name": "a", "description": "p"}, {"name": "b", "description": "q"}])
+                 for i in range(4)]
+        write_jsonl(self.root / "extra.jsonl", extra)
+        self.assertEqual(self.run_adapt("e", "--extra", str(self.root / "extra.jsonl")).returncode, 0)
+        rows = self.lines("e", "adapt.jsonl")
+        self.assertEqual(len(rows), 5 + 3 * (9 + 9 + 4) + 4)
+        self.assertEqual(sorted(r["id"] for r in rows if r["id"].startswith("x")), ["x0", "x1", "x2", "x3"])
+        self.assertEqual(next(r for r in rows if r["id"] == "x0")["tools"], extra[0]["tools"])
+        write_jsonl(self.root / "extra.jsonl", [case("y", ["b"])])
+        done = self.run_adapt("f", "--extra", str(self.root / "extra.jsonl"))
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("extra.jsonl:1: tools: each --extra case needs its own tools", done.stderr)
+
     def test_bad_input_is_a_one_line_error(self):
         write_jsonl(self.root / "eval" / "own" / "tune.jsonl", [case("own-1", ["missing_tool"])])
         done = self.run_adapt("c")
