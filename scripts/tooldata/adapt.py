@@ -32,13 +32,11 @@ Deterministic: the same inputs, options and seed give byte-identical files.
 """
 
 import argparse
-import hashlib
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prepare import Fail, Inputs, dumps, rng_for  # noqa: E402
+from prepare import Fail, Inputs, rng_for, write_jsonl, write_summary  # noqa: E402
 
 
 def mcp_sets(inputs: Inputs, args) -> list[tuple[str, list[dict], list[dict]]]:
@@ -120,21 +118,13 @@ def main(argv: list[str]) -> int:
 
     os.makedirs(args.out, exist_ok=True)
 
-    def write(name: str, rows: list[dict]) -> str:
-        data = "".join(dumps(row) + "\n" for row in rows).encode("utf-8")
-        with open(os.path.join(args.out, name), "wb") as f:
-            f.write(data)
-        return hashlib.sha256(data).hexdigest()
-
-    outputs = {"adapt.jsonl": write("adapt.jsonl", lines)}
+    outputs = {"adapt.jsonl": write_jsonl(args.out, "adapt.jsonl", lines)}
     if args.folds:
-        outputs["test.jsonl"] = write("test.jsonl", test)
+        outputs["test.jsonl"] = write_jsonl(args.out, "test.jsonl", test)
     summary = {"seed": args.seed, "replay": len(replay), "repeat": args.repeat, "folds": args.folds,
                "fold": args.fold if args.folds else None, "mcp": counts, "lines": len(lines),
                "inputs_sha256": inputs.sha256, "outputs_sha256": outputs}
-    with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, sort_keys=True)
-        f.write("\n")
+    write_summary(args.out, summary)
     print(f"adapt.jsonl: {len(lines)} lines ({len(replay)} replayed, MCP cases x{args.repeat}: "
           + ", ".join(f"{s} {c['trained']}" for s, c in counts.items())
           + (f"); test.jsonl: {len(test)} cases (fold {args.fold} of {args.folds})" if args.folds else ")")

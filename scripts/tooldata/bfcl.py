@@ -38,7 +38,7 @@ import sys
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prepare import Fail, conversation_key, dumps, rng_for  # noqa: E402
+from prepare import Fail, conversation_key, json_objects, rng_for, write_jsonl, write_summary  # noqa: E402
 
 DATA = "bfcl_eval/data"
 LIVE = ["live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"]
@@ -79,19 +79,8 @@ class Wheel:
             raise Fail(f"{self.path}!{member}: missing from the wheel") from None
         except UnicodeDecodeError:
             raise Fail(f"{self.path}!{member}: not UTF-8 text") from None
-        rows = []
-        for n, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            at = f"{self.path}!{member}:{n}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise Fail(f"{at}: invalid JSON: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise Fail(f"{at}: expected a JSON object")
-            rows.append((at, obj))
-        return rows
+        where = lambda n: f"{self.path}!{member}:{n}"  # noqa: E731
+        return [(where(n), obj) for n, obj in json_objects(text, where)]
 
     def answers(self, category: str) -> dict[str, object]:
         out = {}
@@ -244,19 +233,12 @@ def main(argv: list[str]) -> int:
 
     os.makedirs(args.out, exist_ok=True)
 
-    def write(name: str, rows: list[dict]) -> str:
-        data = "".join(dumps(row) + "\n" for row in rows).encode("utf-8")
-        with open(os.path.join(args.out, name), "wb") as f:
-            f.write(data)
-        return hashlib.sha256(data).hexdigest()
-
-    outputs = {"bfcl.jsonl": write("bfcl.jsonl", train), "heldout.jsonl": write("heldout.jsonl", heldout)}
+    outputs = {name: write_jsonl(args.out, name, rows)
+               for name, rows in (("bfcl.jsonl", train), ("heldout.jsonl", heldout))}
     summary = {"seed": args.seed, "heldout": args.heldout, "categories": counts,
                "wheel": os.path.basename(args.wheel), "wheel_sha256": wheel.sha256,
                "outputs_sha256": outputs}
-    with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, sort_keys=True)
-        f.write("\n")
+    write_summary(args.out, summary)
     print(f"bfcl.jsonl: {len(train)} cases, heldout.jsonl: {len(heldout)} ("
           + ", ".join(f"{c} {n['trained']}+{n['held_out']}" for c, n in counts.items())
           + f"); written to {args.out}", file=sys.stderr)

@@ -69,6 +69,35 @@ def dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def json_objects(text: str, where):
+    """(line number, object) for each non-blank line of JSONL text; `where(n)` names line n in
+    errors."""
+    for line_no, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise Fail(f"{where(line_no)}: invalid JSON at column {e.colno}: {e.msg}") from None
+        if not isinstance(obj, dict):
+            raise Fail(f"{where(line_no)}: expected a JSON object")
+        yield line_no, obj
+
+
+def write_jsonl(folder: str, name: str, rows: list[dict]) -> str:
+    """Writes the rows as compact JSON lines; returns the sha256 of the bytes written."""
+    data = "".join(dumps(row) + "\n" for row in rows).encode("utf-8")
+    with open(os.path.join(folder, name), "wb") as f:
+        f.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_summary(folder: str, summary: dict) -> None:
+    with open(os.path.join(folder, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def conversation_key(messages) -> str:
     return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
@@ -133,16 +162,8 @@ class Inputs:
         """The JSONL cases with their line numbers (`_line`); checks the fields used here."""
         text = self.text(path, label)
         cases = []
-        for line_no, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
+        for line_no, obj in json_objects(text, lambda n: f"{path}:{n}"):
             at = f"{path}:{line_no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise Fail(f"{at}: invalid JSON at column {e.colno}: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise Fail(f"{at}: expected a JSON object")
             if not isinstance(obj.get("id"), (str, int)) or isinstance(obj.get("id"), bool):
                 raise Fail(f"{at}: id: missing or not a string")
             messages = obj.get("messages")
@@ -414,14 +435,8 @@ def main(argv: list[str]) -> int:
 
     os.makedirs(os.path.join(args.out, "licenses"), exist_ok=True)
 
-    def write(name: str, lines: list[dict]) -> None:
-        with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="\n") as f:
-            for obj in lines:
-                f.write(dumps(obj) + "\n")
-
-    write("train.jsonl", train)
-    write("heldout.jsonl", heldout)
-    write("select.jsonl", select)
+    for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout), ("select.jsonl", select)):
+        write_jsonl(args.out, name, rows)
     for source, data in licences.items():
         with open(os.path.join(args.out, "licenses", f"{source}.LICENSE"), "wb") as f:
             f.write(data)
