@@ -287,7 +287,7 @@ fn server_everything() -> Option<String> {
 
 /// The agent of LangChain4j's tutorial, against a real MCP server: "What is 19 plus 23? Use your
 /// tools." must reach the LLM with the server's sum tool. The trained model ranks `get-sum` first
-/// of the 13 tools but below 0.5 (0.18), so the filter is asked for a miss rate instead of that
+/// of the 13 tools but below 0.5 (0.17), so the filter is asked for a miss rate instead of that
 /// threshold: with `--target-recall 0.9` the sum tool goes out, with a few tools, not all.
 #[test]
 fn chat_filter_sends_the_sum_tool_of_a_real_mcp_server() {

@@ -283,7 +283,8 @@ def template(args) -> str:
         "`decide train` on public tool-selection data (MetaTool, Seal-Tools, API-Bank, "
         "StableToolBench, LiveMCPBench's tune part), some tools of each set held out"
         + ("; then, from that model, on MCP conversations (the tune parts of crates/decide-eval/data, "
-           "against their whole catalogues) with a replay of those cases."
+           "against their whole catalogues) and the Berkeley Function Calling Leaderboard's live "
+           "and multi-turn cases, with a replay of those cases."
            if earlier is not None else "."),
         "Built, not downloaded: the repository keeps only the trained tensors, as float16 "
         f"differences from {args.base}'s, in {delta_name}; models/fetch fetches the base and runs "
@@ -310,7 +311,7 @@ def template(args) -> str:
         f"head = {toml_value(base['head'], base_manifest_path)}",
         f"max_length = {toml_value(base['max_length'], base_manifest_path)}",
         "# The weights' licence, the base's. The training data: MetaTool is MIT; Seal-Tools, API-Bank,",
-        "# StableToolBench and LiveMCPBench (its tune part) are Apache-2.0.",
+        "# StableToolBench, LiveMCPBench (its tune part) and BFCL are Apache-2.0.",
         f"license = {toml_str('Apache-2.0')}",
     ]
     text = "\n".join(lines) + "\n"

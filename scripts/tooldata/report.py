@@ -11,7 +11,9 @@ For each model, with `decide --model MODEL eval --json`:
   `DATA/train.jsonl` unless `--seen-in` names them, as both stages' files for a two-stage model),
   and `--target-recall` 0.9 / 0.95 / 0.99 (achieved recall and mean set size);
 * the parts held out by tool (tools that training never saw), per source, and the own tune part:
-  what recipes and epochs were chosen on.
+  what recipes and epochs were chosen on;
+* with `--bfcl DIR` (scripts/tooldata/bfcl.py's --out), BFCL's held-out cases per category, each
+  against its own functions.
 
 The held-out files come from scripts/tooldata/prepare.py (its --out folder, here --data). A model
 without a conformal table gets "-" in the target-recall rows.
@@ -28,7 +30,6 @@ EVAL = "crates/decide-eval/data"
 OWN = (f"{EVAL}/own/report.jsonl", f"{EVAL}/own/catalogue.json")
 LIVE = (f"{EVAL}/livemcpbench/report.jsonl", f"{EVAL}/livemcpbench/catalogue.json")
 OWN_TUNE = (f"{EVAL}/own/tune.jsonl", f"{EVAL}/own/catalogue.json")
-SOURCES = ["metatool", "sealtools", "apibank", "stabletoolbench"]
 TARGETS = [0.9, 0.95, 0.99]
 
 
@@ -48,23 +49,27 @@ def run_eval(decide, model, data, tools=None, extra=()):
     return json.loads(done.stdout), None
 
 
-def split_heldout(data):
-    """The held-out cases, one file per source (a scratch folder)."""
+def split_heldout(data, script):
+    """DATA/heldout.jsonl, one file per "source" in order of appearance (a scratch folder)."""
     path = os.path.join(data, "heldout.jsonl")
     if not os.path.isfile(path):
-        fail(f"{path}: missing; run scripts/tooldata/prepare.py --out {data} first")
+        fail(f"{path}: missing; run scripts/tooldata/{script} --out {data} first")
     out = tempfile.mkdtemp(prefix="decide-report-")
-    files = {s: open(os.path.join(out, f"{s}.jsonl"), "w", encoding="utf-8") for s in SOURCES}
+    files = {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             try:
                 source = json.loads(line)["source"]
-            except (ValueError, KeyError) as e:
+            except (ValueError, KeyError, TypeError) as e:
                 fail(f"{path}:{n}: {e}")
+            if not isinstance(source, str) or not source.replace("_", "").replace("-", "").isalnum():
+                fail(f"{path}:{n}: \"source\" is not a plain name")
+            if source not in files:
+                files[source] = open(os.path.join(out, f"{source}.jsonl"), "w", encoding="utf-8")
             files[source].write(line)
     for f in files.values():
         f.close()
-    return {s: os.path.join(out, f"{s}.jsonl") for s in SOURCES}
+    return {s: os.path.join(out, f"{s}.jsonl") for s in files}
 
 
 def fmt(v):
@@ -75,13 +80,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--decide", default="target/release/decide")
     ap.add_argument("--data", default="target/tool-model/data")
+    ap.add_argument("--bfcl", metavar="DIR", help="scripts/tooldata/bfcl.py's --out: also its held-out cases")
     ap.add_argument("--json", help="also write every report as JSON here")
     ap.add_argument("--seen-in", action="append", metavar="TRAIN.jsonl",
                     help="training files whose tools count as seen (repeat; default: DATA/train.jsonl)")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     seen_in = [x for t in (a.seen_in or [os.path.join(a.data, "train.jsonl")]) for x in ("--seen-in", t)]
-    heldout = split_heldout(a.data)
+    heldout = split_heldout(a.data, "prepare.py")
+    bfcl = {f"BFCL {s.removeprefix('bfcl-')}": p for s, p in split_heldout(a.bfcl, "bfcl.py").items()} if a.bfcl else {}
     everything = {}
     for model in a.models:
         r = everything.setdefault(model, {})
@@ -95,7 +102,7 @@ def main():
                 r[f"{key}@{t}"] = rep
         rep, err = run_eval(a.decide, model, *OWN_TUNE)
         r["own_tune"] = rep
-        for s, path in heldout.items():
+        for s, path in {**heldout, **bfcl}.items():
             rep, err = run_eval(a.decide, model, path)
             if err:
                 fail(f"{model} on {path}: {err}")
@@ -130,11 +137,12 @@ def main():
                 e = r.get(f"{key}@{t}")
                 cells.append("-" if not e else f"{fmt(e['recall'])} / {e['mean_selected']:.1f}")
             print(f"| {model} | {name} | " + " | ".join(cells) + " |")
-    print("\nHeld out by tool (tools training never saw; 40 tools a case) and the own tune part: what the recipe was chosen on:\n")
+    print("\nHeld out by tool (tools training never saw; 40 tools a case), the own tune part (what the recipe was "
+          "chosen on) and BFCL's held-out cases (each against its own functions):\n")
     print("| model | set | cases | top-1 | recall@3 | recall@10 | MRR | recall at threshold | tools selected |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for model, r in everything.items():
-        for key in SOURCES + ["own_tune"]:
+        for key in [*heldout, "own_tune", *bfcl]:
             e = r.get(key)
             if not e:
                 continue

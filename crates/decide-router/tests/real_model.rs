@@ -19,7 +19,7 @@ use serde_json::Value;
 
 const DEFAULT_ROUTE: &str = "simple";
 /// The fewest requests of `routing.jsonl` that must reach their route; see the measurement below.
-const FLOOR: usize = 27;
+const FLOOR: usize = 30;
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -117,11 +117,11 @@ fn realistic_requests_reach_their_route() {
         cases.len(),
         accuracy * 100.0
     );
-    // Measured with the trained default, decide-tools-minilm: 27 of 34 (79.4%) on CPU: every image request (11 of
+    // Measured with the trained default, decide-tools-minilm: 30 of 34 (88.2%) on CPU: every image request (11 of
     // 11), 8 of 11 small-talk and fact requests (r04, and r06 and r07, the boiling point in Fahrenheit, go to code),
-    // 8 of 12 code requests (r15, a CORS error, goes to simple; so do the follow-ups r20 "please do", r22 and r23
-    // "now add a health check endpoint"). Its first training stage alone measured 28, all-MiniLM-L6-v2, which it was
-    // trained from, 30: its training data holds tool-selection cases only, none of routing.
+    // 11 of 12 code requests (the follow-up r20 "please do" goes to simple). Without the BFCL cases in its second
+    // stage it measured 27, its first training stage alone 28, all-MiniLM-L6-v2, which it was trained from, 30: its
+    // training data holds tool-selection cases only, none of routing.
     assert!(
         correct >= FLOOR,
         "only {correct} of {} requests reached their route",
