@@ -311,7 +311,9 @@ def template(args) -> str:
         f"head = {toml_value(base['head'], base_manifest_path)}",
         f"max_length = {toml_value(base['max_length'], base_manifest_path)}",
         "# The weights' licence, the base's. The training data: MetaTool is MIT; Seal-Tools, API-Bank,",
-        "# StableToolBench, LiveMCPBench (its tune part) and BFCL are Apache-2.0.",
+        "# StableToolBench, LiveMCPBench (its tune part) and BFCL are Apache-2.0."
+        if earlier is not None else
+        "# StableToolBench and LiveMCPBench (its tune part) are Apache-2.0.",
         f"license = {toml_str('Apache-2.0')}",
     ]
     text = "\n".join(lines) + "\n"
