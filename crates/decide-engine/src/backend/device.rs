@@ -131,8 +131,13 @@ pub enum CpuKernels {
     /// baseline): the default.
     #[default]
     Auto,
-    /// The fused kernels at most at AVX2+FMA.
+    /// The fused kernels at most at AVX2+FMA, the int8 products included: what a CPU without
+    /// AVX-512 or VNNI runs.
     Avx2,
+    /// The fused kernels at most at AVX2+FMA, with the int8 products on AVX-VNNI (256-bit
+    /// `vpdpbusd`) where the CPU has it: what a CPU with AVX-VNNI and without AVX-512 runs
+    /// (Intel's client cores since Alder Lake).
+    AvxVnni,
     /// The fused kernels in baseline code only: what a CPU without AVX2 runs.
     Portable,
     /// candle's own ops, one per step: the reference path the fused kernels are tested against.
@@ -146,11 +151,12 @@ impl FromStr for CpuKernels {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" | "fused" => Ok(CpuKernels::Auto),
             "avx2" => Ok(CpuKernels::Avx2),
+            "avx-vnni" | "avxvnni" => Ok(CpuKernels::AvxVnni),
             "portable" => Ok(CpuKernels::Portable),
             "stock" | "candle" => Ok(CpuKernels::Stock),
             _ => Err(EngineError::InvalidOption {
                 option: "kernels",
-                message: format!("'{s}': expected auto, avx2, portable or stock"),
+                message: format!("'{s}': expected auto, avx2, avx-vnni, portable or stock"),
             }),
         }
     }
@@ -295,7 +301,7 @@ mod tests {
         );
         let err = "amx".parse::<CpuKernels>().unwrap_err().to_string();
         assert!(
-            err.contains("expected auto, avx2, portable or stock"),
+            err.contains("expected auto, avx2, avx-vnni, portable or stock"),
             "{err}"
         );
     }

@@ -58,17 +58,21 @@ enum Level {
     Avx512,
 }
 
-/// The instruction set the fused kernels run with; only ever as wide as the CPU supports.
+/// The instruction set the fused kernels run with, and the one of the int8 products under
+/// them; only ever as wide as the CPU supports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Isa(Level);
+pub(crate) struct Isa(Level, QuantIsa);
 
 /// A level to cap an [`Isa`] at, for tests and for forcing the fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IsaCap {
     /// No cap.
     Best,
-    /// At most AVX2+FMA.
+    /// At most AVX2+FMA, the int8 products included.
     Avx2,
+    /// At most AVX2+FMA, with the int8 products on AVX-VNNI where the CPU has it: what a
+    /// CPU with AVX-VNNI and without AVX-512 runs.
+    AvxVnni,
     /// Baseline code only.
     Portable,
 }
@@ -82,45 +86,42 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                return Isa(Level::Avx512);
+                return Isa(Level::Avx512, QuantIsa::detect());
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                return Isa(Level::Avx2);
+                return Isa(Level::Avx2, QuantIsa::detect().at_most_avx_vnni());
             }
         }
-        Isa(Level::Portable)
+        Isa(Level::Portable, QuantIsa::portable())
     }
 
     /// Baseline code, valid on every CPU of the target.
     #[cfg(test)]
     pub(crate) fn portable() -> Isa {
-        Isa(Level::Portable)
+        Isa(Level::Portable, QuantIsa::portable())
     }
 
     /// This level, lowered to `cap` if it is above it (never raised).
     pub(crate) fn capped(self, cap: IsaCap) -> Isa {
         match cap {
             IsaCap::Best => self,
-            IsaCap::Portable => Isa(Level::Portable),
+            IsaCap::Portable => Isa(Level::Portable, QuantIsa::portable()),
             #[cfg(target_arch = "x86_64")]
-            IsaCap::Avx2 => Isa(self.0.min(Level::Avx2)),
+            IsaCap::Avx2 => Isa(self.0.min(Level::Avx2), self.1.at_most_avx2()),
+            #[cfg(target_arch = "x86_64")]
+            IsaCap::AvxVnni => Isa(self.0.min(Level::Avx2), self.1.at_most_avx_vnni()),
             #[cfg(not(target_arch = "x86_64"))]
-            IsaCap::Avx2 => self,
+            IsaCap::Avx2 | IsaCap::AvxVnni => self,
         }
     }
 
-    /// The int8 kernels' level under this one: the widest the CPU runs (VNNI where it has it)
-    /// for AVX-512, at most AVX2 for AVX2, the portable loop for the portable level.
+    /// The int8 kernels' level under this one: the widest the CPU runs (VNNI of either width
+    /// where it has it) for AVX-512, AVX-VNNI or AVX2 for AVX2 as capped, the portable loop for
+    /// the portable level.
     pub(crate) fn int8(self) -> QuantIsa {
-        match self.0 {
-            Level::Portable => QuantIsa::portable(),
-            #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => QuantIsa::detect().at_most_avx2(),
-            #[cfg(target_arch = "x86_64")]
-            Level::Avx512 => QuantIsa::detect(),
-        }
+        self.1
     }
 
     /// The level's name, for reports.
@@ -1209,7 +1210,7 @@ mod tests {
     fn levels() -> Vec<Isa> {
         let best = Isa::detect();
         let mut out = vec![best];
-        for cap in [IsaCap::Avx2, IsaCap::Portable] {
+        for cap in [IsaCap::AvxVnni, IsaCap::Avx2, IsaCap::Portable] {
             let isa = best.capped(cap);
             if !out.contains(&isa) {
                 out.push(isa);
@@ -1542,6 +1543,8 @@ mod tests {
         let portable = Isa::portable();
         assert_eq!(portable.capped(IsaCap::Best), portable);
         assert_eq!(portable.capped(IsaCap::Avx2), portable);
+        assert_eq!(portable.capped(IsaCap::AvxVnni), portable);
+        assert!(!Isa::detect().capped(IsaCap::Avx2).int8().is_vnni());
         assert_eq!(Isa::detect().capped(IsaCap::Portable).name(), "portable");
     }
 }

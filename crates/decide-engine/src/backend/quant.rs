@@ -24,10 +24,12 @@
 //! No overflow: a product is at most 255 · 127 and `k` is capped at 32,768 at load, so an
 //! accumulator stays under 2^31 (`vpdpbusd` sums four products into i32 without saturating).
 //!
-//! Three kernels compute the same integers: AVX-512 VNNI (`vpdpbusd`, 8 rows × 32 columns of
-//! i32 accumulators in registers, dequantized there group by group), AVX2 (`vpmaddwd` on both
-//! sides widened to i16, 2 rows × 16 columns), and the portable loop. They are tested against a
-//! scalar reference that reads the unpacked weights, exactly.
+//! Four kernels compute the same integers: AVX-512 VNNI (`vpdpbusd`, 8 rows × 32 columns of
+//! i32 accumulators in registers, dequantized there group by group), AVX-VNNI (the same
+//! instruction on 256-bit registers, as the client CPUs without AVX-512 have it: 2 rows × 32
+//! columns), AVX2 (`vpmaddwd` on both sides widened to i16, 2 rows × 16 columns), and the
+//! portable loop. They are tested against a scalar reference that reads the unpacked weights,
+//! exactly.
 //!
 //! # Safety
 //!
@@ -60,6 +62,8 @@ enum Level {
     #[cfg(target_arch = "x86_64")]
     Avx2,
     #[cfg(target_arch = "x86_64")]
+    AvxVnni,
+    #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
 }
 
@@ -79,6 +83,9 @@ impl QuantIsa {
             {
                 return QuantIsa(Level::Avx512Vnni);
             }
+            if has_avx_vnni() {
+                return QuantIsa(Level::AvxVnni);
+            }
             if std::arch::is_x86_feature_detected!("avx2") {
                 return QuantIsa(Level::Avx2);
             }
@@ -89,6 +96,19 @@ impl QuantIsa {
     /// Baseline code, valid on every CPU of the target.
     pub(crate) fn portable() -> QuantIsa {
         QuantIsa(Level::Portable)
+    }
+
+    /// This level, lowered to the 256-bit AVX-VNNI kernel if it is above it and the CPU has
+    /// AVX-VNNI, else to AVX2 (never raised): what a CPU of this one's 256-bit instructions
+    /// without AVX-512 runs.
+    pub(crate) fn at_most_avx_vnni(self) -> QuantIsa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if self.0 >= Level::AvxVnni && has_avx_vnni() {
+                return QuantIsa(Level::AvxVnni);
+            }
+        }
+        self.at_most_avx2()
     }
 
     /// This level, lowered to AVX2 if it is above it (never raised).
@@ -103,11 +123,12 @@ impl QuantIsa {
         }
     }
 
-    /// Whether the products run on VNNI (`vpdpbusd`): the only level faster than f32.
+    /// Whether the products run on VNNI (`vpdpbusd`, either width): the levels faster than
+    /// f32.
     pub(crate) fn is_vnni(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            self.0 == Level::Avx512Vnni
+            matches!(self.0, Level::Avx512Vnni | Level::AvxVnni)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -122,9 +143,17 @@ impl QuantIsa {
             #[cfg(target_arch = "x86_64")]
             Level::Avx2 => "avx2",
             #[cfg(target_arch = "x86_64")]
+            Level::AvxVnni => "avxvnni",
+            #[cfg(target_arch = "x86_64")]
             Level::Avx512Vnni => "avx512vnni",
         }
     }
+}
+
+/// Whether the CPU runs the AVX-VNNI level: 256-bit `vpdpbusd` (VEX-encoded) and AVX2.
+#[cfg(target_arch = "x86_64")]
+fn has_avx_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avxvnni") && std::arch::is_x86_feature_detected!("avx2")
 }
 
 fn round_up(x: usize, to: usize) -> usize {
@@ -402,7 +431,9 @@ fn quantize_group_at(
         Level::Avx512Vnni => unsafe { x86::quantize_group_avx512(x, factors, out) },
         // SAFETY: as in `block`.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::quantize_row_avx2(scaled(x, factors, &mut buffer), out) },
+        Level::Avx2 | Level::AvxVnni => unsafe {
+            x86::quantize_row_avx2(scaled(x, factors, &mut buffer), out)
+        },
         Level::Portable => quantize_row(scaled(x, factors, &mut buffer), out),
     }
 }
@@ -686,6 +717,165 @@ mod x86 {
         }
     }
 
+    /// `Σ_k u·q` over inputs `k0 .. k0 + len` of `R` rows (1 or 2) of `a` (`stride` apart) and
+    /// a whole panel, on AVX-VNNI: per group of four inputs, four 32-byte weight loads (eight
+    /// columns' four bytes each), one broadcast of four activation bytes per row, and 4·R
+    /// `vpdpbusd`. Two rows take 8 of the 16 registers for accumulators and 4 for the weights;
+    /// three would spill. The loop of both AVX-VNNI kernels, so the exact-integer tests of
+    /// [`block_avx_vnni`] cover the dequantizing one too.
+    ///
+    /// # Safety
+    /// AVX2 and AVX-VNNI must be available, and the caller must have checked that `a` holds
+    /// `(R - 1)·stride + k0 + len` bytes and `panel` `(k0 + len)·PANEL`, with `k0` and `len`
+    /// multiples of four.
+    #[target_feature(enable = "avx2,avxvnni")]
+    #[inline]
+    unsafe fn accumulate_avx_vnni<const R: usize>(
+        a: &[u8],
+        stride: usize,
+        panel: &[i8],
+        k0: usize,
+        len: usize,
+    ) -> [[__m256i; 4]; R] {
+        debug_assert!(a.len() >= (R - 1) * stride + k0 + len && panel.len() >= (k0 + len) * PANEL);
+        let mut acc = [[_mm256_setzero_si256(); 4]; R];
+        let mut w = panel.as_ptr().add(k0 * PANEL);
+        let base = a.as_ptr();
+        for q in 0..len / 4 {
+            // SAFETY: step q reads 128 bytes of weights from (k0 + 4q)·PANEL and, in row r,
+            // a[r·stride + k0 + 4q .. + 4], inside the slices by the caller's checks.
+            let wv = [0, 1, 2, 3].map(|j| _mm256_loadu_si256(w.add(32 * j) as *const __m256i));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let at = base.add(r * stride + k0 + 4 * q) as *const i32;
+                let av = _mm256_set1_epi32(at.read_unaligned());
+                for (acc, wv) in acc.iter_mut().zip(&wv) {
+                    *acc = _mm256_dpbusd_avx_epi32(*acc, av, *wv);
+                }
+            }
+            w = w.add(4 * PANEL);
+        }
+        acc
+    }
+
+    /// [`accumulate_avx_vnni`] over all of `kp` for `rows` (1 to [`MR`]) rows, two at a time.
+    ///
+    /// # Safety
+    /// AVX2 and AVX-VNNI must be available. The bounds are asserted.
+    #[target_feature(enable = "avx2,avxvnni")]
+    pub(super) unsafe fn block_avx_vnni(
+        a: &[u8],
+        stride: usize,
+        rows: usize,
+        panel: &[i8],
+        kp: usize,
+        out: &mut Block,
+    ) {
+        let rows = rows.min(MR);
+        assert!(kp.is_multiple_of(4) && panel.len() >= kp * PANEL);
+        assert!(rows == 0 || a.len() >= (rows - 1) * stride + kp);
+        for r0 in (0..rows).step_by(2) {
+            let a = &a[r0 * stride..];
+            if rows - r0 >= 2 {
+                let acc = accumulate_avx_vnni::<2>(a, stride, panel, 0, kp);
+                store_avx_vnni(&acc, &mut out[r0..]);
+            } else {
+                let acc = accumulate_avx_vnni::<1>(a, stride, panel, 0, kp);
+                store_avx_vnni(&acc, &mut out[r0..]);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn store_avx_vnni<const R: usize>(acc: &[[__m256i; 4]; R], out: &mut [[i32; PANEL]]) {
+        for (acc, out) in acc.iter().zip(out) {
+            // SAFETY: a row of `out` holds PANEL = 32 i32, four registers' worth.
+            let dst = out.as_mut_ptr() as *mut __m256i;
+            for (j, acc) in acc.iter().enumerate() {
+                _mm256_storeu_si256(dst.add(j), *acc);
+            }
+        }
+    }
+
+    /// The AVX-VNNI kernel for `R` rows (1 or 2) over every group of inputs, each group's i32
+    /// accumulators dequantized in registers and added to `out`, as the AVX-512 one does.
+    ///
+    /// # Safety
+    /// AVX2, FMA and AVX-VNNI must be available. The bounds are asserted.
+    #[target_feature(enable = "avx2,fma,avxvnni")]
+    unsafe fn block_dequant_avx_vnni_rows<const R: usize>(
+        a: &[u8],
+        stride: usize,
+        panel: &[i8],
+        s: &BlockScales<'_>,
+        out: &mut OutRows<'_>,
+    ) {
+        let kp = stride;
+        assert!((1..=2).contains(&R) && kp.is_multiple_of(4));
+        assert!(a.len() >= (R - 1) * stride + kp && panel.len() >= kp * PANEL);
+        assert!(s.groups == kp.div_ceil(GROUP));
+        assert!(s.rows_scales.len() >= R * s.groups && s.rows_zeros.len() >= R * s.groups);
+        let last = (s.groups - 1) * s.np + PANEL;
+        assert!(s.cols_scales.len() >= last && s.cols_scaled_sums.len() >= last);
+        assert!(out.data.len() >= (R - 1) * out.stride + PANEL);
+        for g in 0..s.groups {
+            let (k0, len) = (g * GROUP, GROUP.min(kp - g * GROUP));
+            let acc = accumulate_avx_vnni::<R>(a, stride, panel, k0, len);
+            // SAFETY: 32 scales and scaled sums from g·np, inside by the assertion above.
+            let sw = s.cols_scales.as_ptr().add(g * s.np);
+            let cs = s.cols_scaled_sums.as_ptr().add(g * s.np);
+            for (r, acc) in acc.iter().enumerate() {
+                let a = s.rows_scales[r * s.groups + g];
+                let sa = _mm256_set1_ps(a);
+                let za = _mm256_set1_ps(a * s.rows_zeros[r * s.groups + g] as f32);
+                // SAFETY: row r's PANEL = 32 f32 from r·stride, inside `out.data` by the
+                // assertion above (r < R); the scales' 32 from sw and cs as above.
+                let o = out.data.as_mut_ptr().add(r * out.stride);
+                for (j, acc) in acc.iter().enumerate() {
+                    let f = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(*acc),
+                        _mm256_mul_ps(sa, _mm256_loadu_ps(sw.add(8 * j))),
+                        _mm256_loadu_ps(o.add(8 * j)),
+                    );
+                    let f = _mm256_fnmadd_ps(za, _mm256_loadu_ps(cs.add(8 * j)), f);
+                    _mm256_storeu_ps(o.add(8 * j), f);
+                }
+            }
+        }
+    }
+
+    /// [`block_dequant_avx_vnni_rows`] for `rows` (1 to [`MR`]) rows, two at a time.
+    ///
+    /// # Safety
+    /// AVX2, FMA and AVX-VNNI must be available.
+    #[target_feature(enable = "avx2,fma,avxvnni")]
+    pub(super) unsafe fn block_dequant_avx_vnni(
+        a: &[u8],
+        stride: usize,
+        rows: usize,
+        panel: &[i8],
+        s: &BlockScales<'_>,
+        out: &mut OutRows<'_>,
+    ) {
+        for r0 in (0..rows.min(MR)).step_by(2) {
+            let g = s.groups;
+            let sub = BlockScales {
+                rows_scales: &s.rows_scales[r0 * g..],
+                rows_zeros: &s.rows_zeros[r0 * g..],
+                ..*s
+            };
+            let mut o = OutRows {
+                data: &mut out.data[r0 * out.stride..],
+                stride: out.stride,
+            };
+            let a = &a[r0 * stride..];
+            if rows - r0 >= 2 {
+                block_dequant_avx_vnni_rows::<2>(a, stride, panel, &sub, &mut o);
+            } else {
+                block_dequant_avx_vnni_rows::<1>(a, stride, panel, &sub, &mut o);
+            }
+        }
+    }
+
     /// The VNNI kernel for `R` rows: per group of four `k` values, two 64-byte weight loads, one
     /// broadcast of four activation bytes per row, and 2·R `vpdpbusd`.
     ///
@@ -874,6 +1064,8 @@ fn block(
         #[cfg(target_arch = "x86_64")]
         Level::Avx512Vnni => unsafe { x86::block_vnni(a, stride, rows, panel, kp, out) },
         #[cfg(target_arch = "x86_64")]
+        Level::AvxVnni => unsafe { x86::block_avx_vnni(a, stride, rows, panel, kp, out) },
+        #[cfg(target_arch = "x86_64")]
         Level::Avx2 => unsafe { x86::block_avx2(a, stride, rows, panel, kp, out) },
         Level::Portable => block_generic(a, stride, rows, panel, kp, out),
     }
@@ -965,6 +1157,8 @@ fn block_dequant(
         // features (see the module's invariants).
         #[cfg(target_arch = "x86_64")]
         Level::Avx512Vnni => unsafe { x86::block_dequant_vnni(a, stride, rows, panel, s, out) },
+        #[cfg(target_arch = "x86_64")]
+        Level::AvxVnni => unsafe { x86::block_dequant_avx_vnni(a, stride, rows, panel, s, out) },
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => unsafe { x86::block_dequant_avx2(a, stride, rows, panel, s, out) },
         Level::Portable => block_dequant_generic(isa, a, stride, rows, panel, s, out),
@@ -1108,7 +1302,11 @@ mod tests {
     fn levels() -> Vec<QuantIsa> {
         let best = QuantIsa::detect();
         let mut out = vec![best];
-        for isa in [best.at_most_avx2(), QuantIsa::portable()] {
+        for isa in [
+            best.at_most_avx_vnni(),
+            best.at_most_avx2(),
+            QuantIsa::portable(),
+        ] {
             if !out.contains(&isa) {
                 out.push(isa);
             }
@@ -1424,5 +1622,15 @@ mod tests {
     fn levels_are_never_raised() {
         assert_eq!(QuantIsa::portable().at_most_avx2(), QuantIsa::portable());
         assert_ne!(QuantIsa::detect().at_most_avx2().name(), "avx512vnni");
+        assert_eq!(
+            QuantIsa::portable().at_most_avx_vnni(),
+            QuantIsa::portable()
+        );
+        let vnni = QuantIsa::detect().at_most_avx_vnni();
+        assert!(["avxvnni", "avx2", "portable"].contains(&vnni.name()));
+        assert_eq!(
+            vnni.at_most_avx2().name() == "avx2",
+            vnni.name() != "portable"
+        );
     }
 }
