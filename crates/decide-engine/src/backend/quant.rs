@@ -785,6 +785,10 @@ mod x86 {
         }
     }
 
+    /// Stores the accumulators of [`accumulate_avx_vnni`] into the first `R` rows of `out`.
+    ///
+    /// # Safety
+    /// AVX2 must be available.
     #[target_feature(enable = "avx2")]
     unsafe fn store_avx_vnni<const R: usize>(acc: &[[__m256i; 4]; R], out: &mut [[i32; PANEL]]) {
         for (acc, out) in acc.iter().zip(out) {
@@ -810,25 +814,20 @@ mod x86 {
         out: &mut OutRows<'_>,
     ) {
         let kp = stride;
-        assert!((1..=2).contains(&R) && kp.is_multiple_of(4));
-        assert!(a.len() >= (R - 1) * stride + kp && panel.len() >= kp * PANEL);
-        assert!(s.groups == kp.div_ceil(GROUP));
-        assert!(s.rows_scales.len() >= R * s.groups && s.rows_zeros.len() >= R * s.groups);
-        let last = (s.groups - 1) * s.np + PANEL;
-        assert!(s.cols_scales.len() >= last && s.cols_scaled_sums.len() >= last);
-        assert!(out.data.len() >= (R - 1) * out.stride + PANEL);
+        assert!(R <= 2);
+        super::check_dequant_block(R, a, stride, panel, s, out);
         for g in 0..s.groups {
             let (k0, len) = (g * GROUP, GROUP.min(kp - g * GROUP));
             let acc = accumulate_avx_vnni::<R>(a, stride, panel, k0, len);
-            // SAFETY: 32 scales and scaled sums from g·np, inside by the assertion above.
+            // SAFETY: 32 scales and scaled sums from g·np, inside by `check_dequant_block`.
             let sw = s.cols_scales.as_ptr().add(g * s.np);
             let cs = s.cols_scaled_sums.as_ptr().add(g * s.np);
             for (r, acc) in acc.iter().enumerate() {
                 let a = s.rows_scales[r * s.groups + g];
                 let sa = _mm256_set1_ps(a);
                 let za = _mm256_set1_ps(a * s.rows_zeros[r * s.groups + g] as f32);
-                // SAFETY: row r's PANEL = 32 f32 from r·stride, inside `out.data` by the
-                // assertion above (r < R); the scales' 32 from sw and cs as above.
+                // SAFETY: row r's PANEL = 32 f32 from r·stride, inside `out.data` by
+                // `check_dequant_block` (r < R); the scales' 32 from sw and cs as above.
                 let o = out.data.as_mut_ptr().add(r * out.stride);
                 for (j, acc) in acc.iter().enumerate() {
                     let f = _mm256_fmadd_ps(
@@ -970,19 +969,14 @@ mod x86 {
         out: &mut OutRows<'_>,
     ) {
         let kp = stride;
-        assert!((1..=MR).contains(&R) && kp.is_multiple_of(4));
-        assert!(a.len() >= (R - 1) * stride + kp && panel.len() >= kp * PANEL);
-        assert!(s.groups == kp.div_ceil(GROUP));
-        assert!(s.rows_scales.len() >= R * s.groups && s.rows_zeros.len() >= R * s.groups);
-        let last = (s.groups - 1) * s.np + PANEL;
-        assert!(s.cols_scales.len() >= last && s.cols_scaled_sums.len() >= last);
-        assert!(out.data.len() >= (R - 1) * out.stride + PANEL);
+        assert!(R <= MR);
+        super::check_dequant_block(R, a, stride, panel, s, out);
         // The f32 sums live in `out` (L1), not in registers: with the 2·R i32 accumulators
         // they would take all 32 and spill inside the inner loop.
         for g in 0..s.groups {
             let (k0, len) = (g * GROUP, GROUP.min(kp - g * GROUP));
             let acc = accumulate_vnni::<R>(a, stride, panel, k0, len);
-            // SAFETY: 32 scales and scaled sums from g·np, inside by the assertion above.
+            // SAFETY: 32 scales and scaled sums from g·np, inside by `check_dequant_block`.
             let sw = s.cols_scales.as_ptr().add(g * s.np);
             let cs = s.cols_scaled_sums.as_ptr().add(g * s.np);
             let (sw0, sw1) = (_mm512_loadu_ps(sw), _mm512_loadu_ps(sw.add(16)));
@@ -995,7 +989,7 @@ mod x86 {
                 let sa = _mm512_set1_ps(a);
                 let za = _mm512_set1_ps(a * s.rows_zeros[r * s.groups + g] as f32);
                 // SAFETY: row r's PANEL = 32 f32 from r·stride, two registers' worth, inside
-                // `out.data` by the assertion above (r < R).
+                // `out.data` by `check_dequant_block` (r < R).
                 let o0 = out.data.as_mut_ptr().add(r * out.stride);
                 let o1 = o0.add(16);
                 let f0 = _mm512_fmadd_ps(
@@ -1097,6 +1091,28 @@ struct BlockScales<'a> {
     cols_scales: &'a [f32],
     cols_sums: &'a [i32],
     cols_scaled_sums: &'a [f32],
+}
+
+/// Asserts that a dequantizing kernel of `rows` rows (at least one) reads and writes only inside
+/// its slices: every row of `a` (`stride` apart, `stride` inputs a multiple of four), the whole
+/// panel, every group's scales of its rows and of the panel's columns, and `PANEL` values of
+/// each output row. The register kernels' safety rests on it.
+fn check_dequant_block(
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    panel: &[i8],
+    s: &BlockScales<'_>,
+    out: &OutRows<'_>,
+) {
+    let kp = stride;
+    assert!(rows >= 1 && kp.is_multiple_of(4));
+    assert!(a.len() >= (rows - 1) * stride + kp && panel.len() >= kp * PANEL);
+    assert!(s.groups == kp.div_ceil(GROUP));
+    assert!(s.rows_scales.len() >= rows * s.groups && s.rows_zeros.len() >= rows * s.groups);
+    let last = (s.groups - 1) * s.np + PANEL;
+    assert!(s.cols_scales.len() >= last && s.cols_scaled_sums.len() >= last);
+    assert!(out.data.len() >= (rows - 1) * out.stride + PANEL);
 }
 
 /// Adds group `g`'s dequantized accumulators to `out`. Inlined into each level's compiled copy.
