@@ -45,7 +45,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bfcl import Wheel, eval_conversations  # noqa: E402
-from prepare import Fail, conversation_key, rng_for, write_jsonl, write_summary  # noqa: E402
+from prepare import Fail, conversation_key, hold_out, rng_for, write_split  # noqa: E402
 
 SUITES = "agentdojo/default_suites/v1"
 TOOL_ROT = "tool_rot/fixtures"
@@ -368,28 +368,16 @@ def main(argv: list[str]) -> int:
             else:
                 seen.add(key)
                 kept.append({"id": case_id, "messages": messages, "tools": case_tools, "expected": expected})
-        order = list(range(len(kept)))
-        rng_for(args.seed, "agentdojo", "heldout", source).shuffle(order)
-        held = set(order[: round(len(kept) * args.heldout)])
-        for i, case in enumerate(kept):
-            if i in held:
-                heldout.append({**case, "source": source})
-            else:
-                train.append(case)
-        count.update(trained=len(kept) - len(held), held_out=len(held))
+        trained, held = hold_out(kept, args.heldout, rng_for(args.seed, "agentdojo", "heldout", source), source)
+        train += trained
+        heldout += held
+        count.update(trained=len(trained), held_out=len(held))
         counts[source] = count
     rng_for(args.seed, "agentdojo", "shuffle").shuffle(train)
 
-    os.makedirs(args.out, exist_ok=True)
-    outputs = {name: write_jsonl(args.out, name, rows)
-               for name, rows in (("agentdojo.jsonl", train), ("heldout.jsonl", heldout))}
     summary = {"seed": args.seed, "heldout": args.heldout, "sources": counts, "agentdojo_suites": SUITES,
-               "inputs": {os.path.basename(w.path): w.sha256 for w in (agentdojo, tool_rot)},
-               "outputs_sha256": outputs}
-    write_summary(args.out, summary)
-    print(f"agentdojo.jsonl: {len(train)} cases, heldout.jsonl: {len(heldout)} ("
-          + ", ".join(f"{s} {n['trained']}+{n['held_out']}" for s, n in counts.items())
-          + f"); written to {args.out}", file=sys.stderr)
+               "inputs": {os.path.basename(w.path): w.sha256 for w in (agentdojo, tool_rot)}}
+    write_split(args.out, "agentdojo.jsonl", train, heldout, summary, counts)
     return 0
 
 

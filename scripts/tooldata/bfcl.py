@@ -38,7 +38,7 @@ import sys
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prepare import Fail, conversation_key, json_objects, rng_for, write_jsonl, write_summary  # noqa: E402
+from prepare import Fail, conversation_key, hold_out, json_objects, rng_for, write_split  # noqa: E402
 
 DATA = "bfcl_eval/data"
 LIVE = ["live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"]
@@ -219,29 +219,16 @@ def main(argv: list[str]) -> int:
             else:
                 seen.add((key, tuple(sorted(names))))
                 kept.append({"id": case_id, "messages": messages, "tools": tools, "expected": expected})
-        order = list(range(len(kept)))
-        rng_for(args.seed, "bfcl", "heldout", category).shuffle(order)
-        held = set(order[: round(len(kept) * args.heldout)])
-        for i, case in enumerate(kept):
-            if i in held:
-                heldout.append({**case, "source": f"bfcl-{category}"})
-            else:
-                train.append(case)
-        count.update(trained=len(kept) - len(held), held_out=len(held))
+        trained, held = hold_out(kept, args.heldout, rng_for(args.seed, "bfcl", "heldout", category), f"bfcl-{category}")
+        train += trained
+        heldout += held
+        count.update(trained=len(trained), held_out=len(held))
         counts[category] = count
     rng_for(args.seed, "bfcl", "shuffle").shuffle(train)
 
-    os.makedirs(args.out, exist_ok=True)
-
-    outputs = {name: write_jsonl(args.out, name, rows)
-               for name, rows in (("bfcl.jsonl", train), ("heldout.jsonl", heldout))}
     summary = {"seed": args.seed, "heldout": args.heldout, "categories": counts,
-               "wheel": os.path.basename(args.wheel), "wheel_sha256": wheel.sha256,
-               "outputs_sha256": outputs}
-    write_summary(args.out, summary)
-    print(f"bfcl.jsonl: {len(train)} cases, heldout.jsonl: {len(heldout)} ("
-          + ", ".join(f"{c} {n['trained']}+{n['held_out']}" for c, n in counts.items())
-          + f"); written to {args.out}", file=sys.stderr)
+               "wheel": os.path.basename(args.wheel), "wheel_sha256": wheel.sha256}
+    write_split(args.out, "bfcl.jsonl", train, heldout, summary, counts)
     return 0
 
 

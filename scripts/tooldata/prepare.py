@@ -98,6 +98,29 @@ def write_summary(folder: str, summary: dict) -> None:
         f.write("\n")
 
 
+def hold_out(kept: list[dict], share: float, rng, source: str) -> tuple[list[dict], list[dict]]:
+    """Splits one source's cases into (trained, held out): `share` of them, drawn by `rng`, are held
+    out with a `source` field to measure on. Both keep `kept`'s order, so the split depends only on
+    the seed."""
+    order = list(range(len(kept)))
+    rng.shuffle(order)
+    held = set(order[: round(len(kept) * share)])
+    trained = [case for i, case in enumerate(kept) if i not in held]
+    return trained, [{**case, "source": source} for i, case in enumerate(kept) if i in held]
+
+
+def write_split(out: str, name: str, train: list[dict], heldout: list[dict], summary: dict,
+                counts: dict) -> None:
+    """Writes a converter's `name` (the training cases), `heldout.jsonl` and `summary.json` (with
+    both files' sha256) into `out`, and says what it wrote, per source, on stderr."""
+    os.makedirs(out, exist_ok=True)
+    outputs = {file: write_jsonl(out, file, rows) for file, rows in ((name, train), ("heldout.jsonl", heldout))}
+    write_summary(out, {**summary, "outputs_sha256": outputs})
+    print(f"{name}: {len(train)} cases, heldout.jsonl: {len(heldout)} ("
+          + ", ".join(f"{s} {n['trained']}+{n['held_out']}" for s, n in counts.items())
+          + f"); written to {out}", file=sys.stderr)
+
+
 def conversation_key(messages) -> str:
     return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 

@@ -50,7 +50,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bfcl import Wheel as ZipWheel, eval_conversations  # noqa: E402
-from prepare import Fail, conversation_key, rng_for, unique, write_jsonl, write_summary  # noqa: E402
+from prepare import Fail, conversation_key, hold_out, rng_for, unique, write_split  # noqa: E402
 
 PACKAGE = "inspect_evals/tau2"
 DOMAINS = ["airline", "retail"]
@@ -206,28 +206,16 @@ def main(argv: list[str]) -> int:
             else:
                 seen.add(key)
                 kept.append({"id": case_id, "messages": messages, "tools": tools, "expected": expected})
-        order = list(range(len(kept)))
-        rng_for(args.seed, "tau2", "heldout", domain).shuffle(order)
-        held = set(order[: round(len(kept) * args.heldout)])
-        for i, case in enumerate(kept):
-            if i in held:
-                heldout.append({**case, "source": f"tau2-{domain}"})
-            else:
-                train.append(case)
-        count.update(trained=len(kept) - len(held), held_out=len(held))
+        trained, held = hold_out(kept, args.heldout, rng_for(args.seed, "tau2", "heldout", domain), f"tau2-{domain}")
+        train += trained
+        heldout += held
+        count.update(trained=len(trained), held_out=len(held))
         counts[domain] = count
     rng_for(args.seed, "tau2", "shuffle").shuffle(train)
 
-    os.makedirs(args.out, exist_ok=True)
-    outputs = {name: write_jsonl(args.out, name, rows)
-               for name, rows in (("tau2.jsonl", train), ("heldout.jsonl", heldout))}
     summary = {"seed": args.seed, "heldout": args.heldout, "domains": counts,
-               "wheel": os.path.basename(args.wheel), "wheel_sha256": wheel.sha256,
-               "outputs_sha256": outputs}
-    write_summary(args.out, summary)
-    print(f"tau2.jsonl: {len(train)} cases, heldout.jsonl: {len(heldout)} ("
-          + ", ".join(f"{d} {n['trained']}+{n['held_out']}" for d, n in counts.items())
-          + f"); written to {args.out}", file=sys.stderr)
+               "wheel": os.path.basename(args.wheel), "wheel_sha256": wheel.sha256}
+    write_split(args.out, "tau2.jsonl", train, heldout, summary, counts)
     return 0
 
 
