@@ -45,7 +45,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bfcl import Wheel, eval_conversations  # noqa: E402
-from prepare import Fail, conversation_key, hold_out, rng_for, write_split  # noqa: E402
+from prepare import Fail, hold_out, keep_cases, rng_for, write_split  # noqa: E402
 
 SUITES = "agentdojo/default_suites/v1"
 TOOL_ROT = "tool_rot/fixtures"
@@ -355,19 +355,7 @@ def main(argv: list[str]) -> int:
     sources = list(agentdojo_sources(agentdojo)) + list(tool_rot_source(tool_rot))
     for source, tools, cases in sources:
         count = {"tools": len(tools), "cases": 0, "no_call": 0, "eval_overlap": 0, "duplicate": 0}
-        kept, seen = [], set()
-        for case_id, messages, case_tools, expected in cases:
-            count["cases"] += 1
-            key = conversation_key(messages)
-            if not expected:
-                count["no_call"] += 1
-            elif key in evals:
-                count["eval_overlap"] += 1
-            elif key in seen:
-                count["duplicate"] += 1
-            else:
-                seen.add(key)
-                kept.append({"id": case_id, "messages": messages, "tools": case_tools, "expected": expected})
+        kept = keep_cases(cases, evals, count)
         trained, held = hold_out(kept, args.heldout, rng_for(args.seed, "agentdojo", "heldout", source), source)
         train += trained
         heldout += held

@@ -98,6 +98,27 @@ def write_summary(folder: str, summary: dict) -> None:
         f.write("\n")
 
 
+def keep_cases(cases, evals: set, count: dict, total: str = "cases") -> list[dict]:
+    """The (id, messages, tools, expected) cases worth training on, as case objects: each calls a
+    tool, is no conversation of `evals`, and has a message not seen before (the first case keeps
+    it: one message with two answers would teach neither). `count` counts them under `total` and
+    each drop by its reason."""
+    kept, seen = [], set()
+    for case_id, messages, tools, expected in cases:
+        count[total] += 1
+        key = conversation_key(messages)
+        if not expected:
+            count["no_call"] += 1
+        elif key in evals:
+            count["eval_overlap"] += 1
+        elif key in seen:
+            count["duplicate"] += 1
+        else:
+            seen.add(key)
+            kept.append({"id": case_id, "messages": messages, "tools": tools, "expected": expected})
+    return kept
+
+
 def hold_out(kept: list[dict], share: float, rng, source: str) -> tuple[list[dict], list[dict]]:
     """Splits one source's cases into (trained, held out): `share` of them, drawn by `rng`, are held
     out with a `source` field to measure on. Both keep `kept`'s order, so the split depends only on

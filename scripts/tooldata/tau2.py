@@ -50,7 +50,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bfcl import Wheel as ZipWheel, eval_conversations  # noqa: E402
-from prepare import Fail, conversation_key, hold_out, rng_for, unique, write_split  # noqa: E402
+from prepare import Fail, hold_out, keep_cases, rng_for, unique, write_split  # noqa: E402
 
 PACKAGE = "inspect_evals/tau2"
 DOMAINS = ["airline", "retail"]
@@ -192,20 +192,9 @@ def main(argv: list[str]) -> int:
         tools = agent_tools(wheel, domain)
         count = {"tasks": 0, "tools": len(tools), "user_actions_dropped": 0, "no_call": 0,
                  "eval_overlap": 0, "duplicate": 0}
-        kept, seen = [], set()
-        for case_id, messages, expected in domain_cases(wheel, domain, tools, count):
-            count["tasks"] += 1
-            key = conversation_key(messages)
-            if not expected:
-                count["no_call"] += 1
-            elif key in evals:
-                count["eval_overlap"] += 1
-            elif key in seen:
-                # The first task keeps the message: one message with two answers would teach neither.
-                count["duplicate"] += 1
-            else:
-                seen.add(key)
-                kept.append({"id": case_id, "messages": messages, "tools": tools, "expected": expected})
+        cases = ((case_id, messages, tools, expected)
+                 for case_id, messages, expected in domain_cases(wheel, domain, tools, count))
+        kept = keep_cases(cases, evals, count, total="tasks")
         trained, held = hold_out(kept, args.heldout, rng_for(args.seed, "tau2", "heldout", domain), f"tau2-{domain}")
         train += trained
         heldout += held
