@@ -6,6 +6,8 @@
 //! rows of token ids and get vectors back, in the rows' order.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
@@ -143,6 +145,37 @@ impl CandleBackend {
     }
 }
 
+/// How long a kept-warm worker goes on looking for work that does not come.
+const KEEP_WARM_IDLE: Duration = Duration::from_micros(500);
+
+/// Runs the pool's pending work on this worker until `done`, or until none has come for
+/// [`KEEP_WARM_IDLE`].
+///
+/// A worker that finds no work soon goes to sleep, and waking it takes a system call and, on a
+/// virtual machine, the host scheduling its CPU again: tens of microseconds, paid at each of a
+/// forward pass's thirty-odd loops. Spinning through the short serial stretches between them
+/// keeps the worker ready, which halved a decision's context switches and gave 1.03-1.08x on
+/// int8 forward passes (docs/benchmarks.md). The idle limit is what keeps this safe when passes
+/// run concurrently in one pool: a worker spinning for one pass may sit on the stack above
+/// another pass's unfinished work, which needs it back; it returns within the limit.
+fn keep_warm(done: &AtomicBool) {
+    let mut idle_since: Option<Instant> = None;
+    while !done.load(Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle_since = None,
+            Some(rayon::Yield::Idle) => {
+                if idle_since.get_or_insert_with(Instant::now).elapsed() > KEEP_WARM_IDLE {
+                    return;
+                }
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+            }
+            None => return,
+        }
+    }
+}
+
 impl Backend for CandleBackend {
     /// The fused CPU path packs each batch's rows back to back; every other path pads them,
     /// in length-sorted batches.
@@ -151,10 +184,22 @@ impl Backend for CandleBackend {
             // The fused kernels run a parallel loop per op, five per layer. From a thread
             // outside rayon's pool each loop is handed to the pool and the caller sleeps until
             // it is done: two wake-ups per op. Inside the pool, the thread that runs the pass
-            // takes part in every loop, and the other workers are often still spinning when
-            // the next one starts: a 10-message decision made 6-8 times fewer context switches
-            // (`perf stat`).
-            return rayon::scope(|_| self.forward_rows(rows));
+            // takes part in every loop: a 10-message decision made 6-8 times fewer context
+            // switches (`perf stat`). The other workers are kept from sleeping between loops
+            // too (see `keep_warm`): half as many again.
+            let done = AtomicBool::new(false);
+            return rayon::scope(|s| {
+                let runner = rayon::current_thread_index();
+                let done = &done;
+                s.spawn_broadcast(move |_, worker| {
+                    if Some(worker.index()) != runner {
+                        keep_warm(done);
+                    }
+                });
+                let out = self.forward_rows(rows);
+                done.store(true, Ordering::Release);
+                out
+            });
         }
         self.forward_rows(rows)
     }
