@@ -427,10 +427,20 @@ pub struct ChatArgs {
     #[arg(long)]
     pub filter: bool,
     /// With --filter: pass on the fewest tools that keep at least this share of the needed ones
-    /// (the model's conformal table, as `decide select --target-recall`) instead of every tool
-    /// of probability 0.5 or more.
+    /// (the model's conformal table, as `decide select --target-recall`). The default, 0.9, is
+    /// taken when the model has a conformal table and --min-probability is not given: an agent
+    /// that misses the tool it needs cannot answer, one with a few tools too many still can.
     #[arg(long, value_name = "R", requires = "filter")]
     pub target_recall: Option<f64>,
+    /// With --filter: pass on every tool whose probability reaches this instead of a
+    /// --target-recall set (a no-tool message can then get no tools at all).
+    #[arg(
+        long,
+        value_name = "P",
+        requires = "filter",
+        conflicts_with = "target_recall"
+    )]
+    pub min_probability: Option<f64>,
     /// Routes ({"default", "routes": [{"name", "description"}]}) whose names are models at --base-url; the decision
     /// model picks one per call.
     #[arg(long, value_name = "ROUTES.json")]

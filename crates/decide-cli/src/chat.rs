@@ -21,6 +21,10 @@ use decide_router::{DecisionModelChatModelRouter, RoutingChatModel, ROUTE_ATTRIB
 use crate::args::{ChatArgs, Global};
 use crate::route::read_routes;
 
+/// `--filter`'s share of needed tools kept when neither --target-recall nor --min-probability
+/// is given and the model has a conformal table.
+const DEFAULT_TARGET_RECALL: f64 = 0.9;
+
 /// Messages kept per conversation: several tool rounds of several turns.
 const MEMORY_MESSAGES: usize = 60;
 
@@ -80,8 +84,15 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let conformal = match (args.target_recall, &engine) {
-        (Some(_), Some(e)) => Some(e.require_conformal().context("--target-recall")?.clone()),
+    // The filter's set: the conformal set of --target-recall (DEFAULT_TARGET_RECALL when the
+    // model has a table and no threshold was asked for), else the probability threshold.
+    let conformal = match (args.target_recall, args.min_probability, &engine) {
+        (Some(r), _, Some(e)) => {
+            Some((r, e.require_conformal().context("--target-recall")?.clone()))
+        }
+        (None, None, Some(e)) if args.filter => e
+            .conformal()
+            .map(|table| (DEFAULT_TARGET_RECALL, table.clone())),
         _ => None,
     };
     let decisions: Option<Arc<dyn DecisionModel>> =
@@ -93,10 +104,14 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
         let mut filter = FilteringToolProvider::builder()
             .tool_provider(Arc::new(StaticToolProvider::new(tools)))
             .decision_model(Arc::clone(decisions));
-        if let (Some(r), Some(table)) = (args.target_recall, &conformal) {
-            filter = filter.target_recall(r, table);
+        if let Some((r, table)) = &conformal {
+            filter = filter.target_recall(*r, table);
+        } else if let Some(p) = args.min_probability {
+            filter = filter.min_probability(p);
         }
-        let filter = filter.build()?;
+        let filter = filter
+            .build()
+            .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
         Some(Arc::new(filter))
     } else {
         Some(Arc::new(StaticToolProvider::new(tools)))
