@@ -241,17 +241,20 @@ fn chat_options_are_checked_with_a_one_line_error() {
         stderr.trim(),
         "error: --chat-model: required (or --routes, whose route names are the models)"
     );
-    let output = decide_chat(
-        &[
+    // An LLM that is never reached, and one MCP server with extra options.
+    let with_mcp = |mcp: &str, options: &[&str]| {
+        let mut args = vec![
             "--base-url",
             "http://127.0.0.1:9/v1",
             "--chat-model",
             "m",
             "--mcp",
-            "/nonexistent/server",
-        ],
-        "",
-    );
+            mcp,
+        ];
+        args.extend_from_slice(options);
+        decide_chat(&args, "")
+    };
+    let output = with_mcp("/nonexistent/server", &[]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -263,20 +266,7 @@ fn chat_options_are_checked_with_a_one_line_error() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     let dir = temp_dir("options");
     let mcp = format!("python3 {}", mcp_server(&dir).display());
-    let output = decide_chat(
-        &[
-            "--base-url",
-            "http://127.0.0.1:9/v1",
-            "--chat-model",
-            "m",
-            "--mcp",
-            &mcp,
-            "--filter",
-            "--min-probability",
-            "1.5",
-        ],
-        "",
-    );
+    let output = with_mcp(&mcp, &["--filter", "--min-probability", "1.5"]);
     assert_eq!(output.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr).trim(),
