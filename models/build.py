@@ -25,9 +25,20 @@ the full model from the base's files and the delta:
       whole tensor by its values as F32 (exactly); and copies the base's configuration and
       tokenizer files unchanged.
 
+  models/build.py extract --int8 ...
+      The same, with each changed matrix (every tensor of two or more dimensions) stored as
+      int8 rows instead: per row of its last dimension, the differences taken in float64, the
+      row's scale F32(max |difference| / 127), and each value round(difference / scale), to
+      nearest even, clamped to [-127, 127]; the scales go beside it as an F32 tensor named
+      `<name>:scale`. Half the size of float16 differences, at an error of at most half a scale
+      (under 0.4% of the row's largest change); vectors (biases, LayerNorm) stay float16
+      differences. assemble adds q * scale, taken in float64, to the base value and rounds once to
+      float32.
+
 The delta's metadata is {"delta": "difference", "format": "pt"}, plus "whole": the names of the
-tensors stored whole, sorted, comma-separated, when there are any; assemble refuses a file
-without the "delta" entry (such as one of float16 values, which it would misread).
+tensors stored whole, sorted, comma-separated, when there are any, and "int8": the names of the
+tensors stored as int8 rows, likewise; assemble refuses a file without the "delta" entry (such as
+one of float16 values, which it would misread).
 
 Names are compared without a `bert.` or `model.` prefix, as `decide train` writes them bare. Both
 outputs are deterministic: sorted keys, a compact JSON header with sorted keys padded with spaces
@@ -62,6 +73,11 @@ FLOATS = ("F64", "F32", "F16", "BF16")
 # The delta's metadata: what its tensors hold, and which are stored whole.
 DELTA_KIND = ("delta", "difference")
 WHOLE_KEY = "whole"
+
+# The delta's metadata entry listing the tensors stored as int8 rows, and the suffix of the name
+# under which each one's row scales are stored (a colon is in no checkpoint's parameter names).
+INT8_KEY = "int8"
+SCALE_SUFFIX = ":scale"
 
 # Prefixes under which checkpoints keep the encoder; names are compared without them.
 PREFIXES = ("bert.", "model.")
@@ -233,12 +249,48 @@ def f16_difference(t, b, what):
     return pack_f16(map(operator.sub, t.floats(what), b.floats(what)), t.count, what)
 
 
+def int8_difference(t, b, what):
+    """(I8 bytes, F32 scale bytes) of t - b: each row of the last dimension scaled by its largest
+    |difference| / 127, rounded once to float32, and each difference divided by its row's scale,
+    rounded to nearest even and clamped to [-127, 127]. A row without change has scale 0."""
+    cols = t.shape[-1]
+    rows = t.count // cols if cols else 0
+    diff = list(map(operator.sub, t.floats(what), b.floats(what)))
+    values = []
+    scales = []
+    for r in range(rows):
+        row = diff[r * cols:(r + 1) * cols]
+        largest = max(map(abs, row))
+        if not math.isfinite(largest):
+            raise BuildError(f"{what}: a difference from the base is not finite")
+        # The scale as stored, so that assemble multiplies by exactly the value divided by here.
+        (scale,) = struct.unpack("<f", struct.pack("<f", largest / 127))
+        scales.append(scale)
+        if scale == 0:
+            values.extend([0] * cols)
+        else:
+            values.extend(max(-127, min(127, round(v / scale))) for v in row)
+    return struct.pack(f"<{t.count}b", *values), struct.pack(f"<{rows}f", *scales)
+
+
 def f32_sum(b, d, what):
     """F32(b + d) as bytes: each sum taken in float64 and rounded once to float32 (struct's 'f'
     rounds to nearest)."""
-    n = b.count
+    return pack_f32_sums(b, d.floats(what), what)
+
+
+def f32_sum_int8(b, q, scales, what):
+    """F32(b + q * scale) as bytes, q's row scaled by its scale, both operations in float64 and
+    the result rounded once to float32."""
+    cols = q.shape[-1]
+    per_row = scales.floats(what)
+    changes = [v * per_row[i // cols] for i, v in enumerate(q.floats(what))]
+    return pack_f32_sums(b, changes, what)
+
+
+def pack_f32_sums(b, changes, what):
     try:
-        return struct.pack(f"<{n}f", *map(operator.add, b.floats(what), d.floats(what)))
+        return struct.pack(f"<{b.count}f", *map(operator.add, b.floats(what), changes))
     except (OverflowError, struct.error):
         raise BuildError(f"{what}: a sum with the base is out of float32 range") from None
 
@@ -266,6 +318,7 @@ def extract(args):
     trained = by_bare_name(read_safetensors(trained_path)[0], trained_path)
     delta = {}
     whole = []
+    int8 = []
     for name in sorted(trained):
         _, t = trained[name]
         what = f"{trained_path}: tensor {name}"
@@ -278,6 +331,15 @@ def extract(args):
             if b.shape != t.shape:
                 raise BuildError(f"{what}: shape {t.shape}, the base's is {b.shape}")
             if same_values(t, b, what):
+                continue
+            if args.int8 and len(t.shape) >= 2 and t.count:
+                if "," in name:
+                    raise BuildError(f"{what}: its name has a comma, which the delta's list of int8 tensors cannot hold")
+                data, scales = int8_difference(t, b, what)
+                delta[name] = Tensor("I8", t.shape, data)
+                delta[name + SCALE_SUFFIX] = Tensor("F32", [math.prod(t.shape[:-1])], scales)
+                int8.append(name)
+                print(f"{PROG}: {name} {t.shape} (changed: the difference from the base, int8 rows)")
                 continue
             data = f16_difference(t, b, what)
             note = "changed: the difference from the base"
@@ -292,10 +354,23 @@ def extract(args):
     metadata = {"format": "pt", DELTA_KIND[0]: DELTA_KIND[1]}
     if whole:
         metadata[WHOLE_KEY] = ",".join(whole)  # sorted, as the loop is
+    if int8:
+        metadata[INT8_KEY] = ",".join(int8)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     size = write_safetensors(args.out, delta, metadata)
-    values = sum(t.count for t in delta.values())
-    print(f"{PROG}: wrote {args.out}: {len(delta)} tensors ({len(whole)} whole), {values} values, {human(size)}")
+    values = sum(t.count for n, t in delta.items() if n not in scale_names(int8))
+    print(f"{PROG}: wrote {args.out}: {len(delta) - len(int8)} tensors ({len(whole)} whole, "
+          f"{len(int8)} int8), {values} values, {human(size)}")
+
+
+def scale_names(int8):
+    return {name + SCALE_SUFFIX for name in int8}
+
+
+def listed(metadata, key):
+    """The set of names a metadata entry lists, comma-separated."""
+    names = metadata.get(key, "")
+    return set(names.split(",")) if isinstance(names, str) and names else set()
 
 
 def copy_file(src, dst):
@@ -318,11 +393,12 @@ def assemble(args):
         raise BuildError(
             f"{args.delta}: not a delta of differences (its metadata lacks "
             f'"{DELTA_KIND[0]}": "{DELTA_KIND[1]}"); extract it again with {PROG} extract')
-    whole = metadata.get(WHOLE_KEY, "")
-    whole = set(whole.split(",")) if isinstance(whole, str) and whole else set()
-    missing = sorted(whole - set(delta))
-    if missing:
-        raise BuildError(f"{args.delta}: its metadata names {missing[0]} as stored whole, but it has no such tensor")
+    whole = listed(metadata, WHOLE_KEY)
+    int8 = listed(metadata, INT8_KEY)
+    for kind, names in (("stored whole", whole), ("stored as int8 rows", int8), ("int8 scales", scale_names(int8))):
+        missing = sorted(names - set(delta))
+        if missing:
+            raise BuildError(f"{args.delta}: its metadata names {missing[0]} as {kind}, but it has no such tensor")
     for name in REQUIRED_FILES:
         path = os.path.join(args.base, name)
         if not os.path.isfile(path):
@@ -333,9 +409,16 @@ def assemble(args):
             out[full] = Tensor("F32", t.shape, to_f32(t, f"{base_path}: tensor {full}"))
         else:
             out[full] = t
+    scales = scale_names(int8)
     for name in sorted(delta):
         d = delta[name]
         what = f"{args.delta}: tensor {name}"
+        if name in scales:
+            continue  # read with its tensor
+        if name in int8:
+            full, b = int8_base(base, base_path, name, d, delta[name + SCALE_SUFFIX], what)
+            out[full] = Tensor("F32", d.shape, f32_sum_int8(b, d, delta[name + SCALE_SUFFIX], what))
+            continue
         if d.dtype not in FLOATS:
             raise BuildError(f"{what}: {d.dtype} is not a float type")
         if name in whole:
@@ -359,9 +442,26 @@ def assemble(args):
         if os.path.isfile(src):
             copy_file(src, os.path.join(args.out, name))
             copied.append(name)
-    print(f"{PROG}: wrote {weights}: {len(out)} tensors ({len(delta) - len(whole)} changed and "
+    changed = len(delta) - len(whole) - len(scales)
+    print(f"{PROG}: wrote {weights}: {len(out)} tensors ({changed} changed and "
           f"{len(whole)} added by {args.delta}), {human(size)}")
     print(f"{PROG}: copied from {args.base}: {', '.join(copied)}")
+
+
+def int8_base(base, base_path, name, q, scales, what):
+    """The base tensor (full name, Tensor) an int8 difference applies to, once the difference
+    and its scales are checked against it."""
+    if name not in base:
+        raise BuildError(f"{what}: a difference from a tensor that {base_path} lacks")
+    full, b = base[name]
+    if q.dtype != "I8" or len(q.shape) < 2:
+        raise BuildError(f"{what}: listed as int8 rows but is {q.dtype} {q.shape}")
+    if b.shape != q.shape:
+        raise BuildError(f"{what}: shape {q.shape}, the base's is {b.shape}")
+    rows = math.prod(q.shape[:-1])
+    if scales.dtype != "F32" or scales.shape != [rows]:
+        raise BuildError(f"{what}{SCALE_SUFFIX}: {scales.dtype} {scales.shape}, expected F32 [{rows}] (one scale a row)")
+    return full, b
 
 
 def main(argv=None):
@@ -371,6 +471,8 @@ def main(argv=None):
     p.add_argument("--base", required=True, help="the base model's folder")
     p.add_argument("--trained", required=True, help="the trained model's folder")
     p.add_argument("--out", required=True, help="the delta safetensors file to write")
+    p.add_argument("--int8", action="store_true",
+                   help="store changed matrices as int8 rows with a scale each (half the size)")
     p = sub.add_parser("assemble", help="build a model folder from a base and a delta")
     p.add_argument("--base", required=True, help="the base model's folder")
     p.add_argument("--delta", required=True, help="the delta safetensors file")

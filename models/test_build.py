@@ -154,6 +154,38 @@ class RealBase(unittest.TestCase):
         leftovers = [f for _, _, fs in os.walk(self.built) for f in fs if f.endswith(".part")]
         self.assertEqual(leftovers, [])
 
+    def test_f_int8_rows_halve_the_delta_and_stay_within_half_a_scale(self):
+        outs = [os.path.join(self.tmp, f"int8-{i}", "delta.safetensors") for i in (1, 2)]
+        for out in outs:
+            status, _, err = run("extract", "--int8", "--base", BASE, "--trained", self.trained_dir, "--out", out)
+            self.assertEqual(status, 0, err)
+        self.assertEqual(read(outs[0]), read(outs[1]))
+        delta, meta = build.read_safetensors(outs[0])
+        matrices = sorted(n for n, t in self.perturbed.items() if len(t.shape) == 2)
+        self.assertEqual(meta, dict(DELTA_META, int8=",".join(matrices)))
+        for name in self.perturbed:
+            kind = ("I8", "F32") if name in matrices else ("F16", None)
+            self.assertEqual((delta[name].dtype, delta.get(name + ":scale", build.Tensor(None, [], b"")).dtype),
+                             kind, name)
+        ratio = os.path.getsize(outs[0]) / os.path.getsize(self.delta)
+        print(f"\nint8 rows: {ratio:.3f} of the float16 delta's size", file=sys.stderr)
+        self.assertLess(ratio, 0.52)
+        built = os.path.join(self.tmp, "int8-1", "built")
+        status, _, err = run("assemble", "--base", BASE, "--delta", outs[0], "--out", built)
+        self.assertEqual(status, 0, err)
+        got, _ = build.read_safetensors(os.path.join(built, "model.safetensors"))
+        for name, t in self.base.items():
+            if name not in self.perturbed:
+                self.assertEqual(bytes(got[name].data), bytes(t.data), name)
+        for name in matrices:
+            n, cols = self.perturbed[name].count, self.perturbed[name].shape[-1]
+            trained = struct.unpack(f"<{n}f", self.perturbed[name].data)
+            scales = delta[name + ":scale"].floats(name)
+            values = struct.unpack(f"<{n}f", got[name].data)
+            for i in range(0, n, 97):  # a sample: every value would take the test seconds
+                bound = scales[i // cols] / 2 + 1e-7  # half a step, and f32's rounding of the sum
+                self.assertLessEqual(abs(values[i] - trained[i]), bound, (name, i))
+
     def test_an_unchanged_model_gives_an_empty_delta_and_the_base_values(self):
         out = os.path.join(self.tmp, "empty", "delta.safetensors")
         status, _, err = run("extract", "--base", BASE, "--trained", BASE, "--out", out)
@@ -269,6 +301,65 @@ class Tiny(unittest.TestCase):
         self.assertEqual(bytes(got["encoder.w"].data), f32([1.5]))
         self.assertEqual(bytes(got["head.a"].data), f32([2.0, -0.5]))
         self.assertEqual(bytes(got["head.b"].data), f32(struct.unpack("<e", struct.pack("<e", 0.1))))
+
+    def test_int8_rows_round_each_row_to_its_own_scale(self):
+        w = [0.25, -1.0, 2.0, 3.0, 4.0, 5.0]
+        base = self.model("base", {
+            "encoder.w": build.Tensor("F32", [2, 3], f32(w)),
+            "encoder.b": build.Tensor("F32", [2], f32([1.0, 1.0])),
+        })
+        # Row 0 changes by (0.5, -0.25, 0.1); row 1 not at all; the vector by 0.5.
+        trained_w = [0.75, -1.25, 2.1, 3.0, 4.0, 5.0]
+        trained = self.model("trained", {
+            "encoder.w": build.Tensor("F32", [2, 3], f32(trained_w)),
+            "encoder.b": build.Tensor("F32", [2], f32([1.5, 1.0])),
+        })
+        delta = os.path.join(self.tmp, "d.safetensors")
+        status, out, err = run("extract", "--int8", "--base", base, "--trained", trained, "--out", delta)
+        self.assertEqual(status, 0, err)
+        self.assertIn("1 int8", out)
+        tensors, meta = build.read_safetensors(delta)
+        self.assertEqual(meta, dict(DELTA_META, int8="encoder.w"))
+        self.assertEqual(sorted(tensors), ["encoder.b", "encoder.w", "encoder.w:scale"])
+        self.assertEqual(bytes(tensors["encoder.b"].data), struct.pack("<2e", 0.5, 0.0))
+        (scale,) = struct.unpack("<f", struct.pack("<f", 0.5 / 127))
+        self.assertEqual(tensors["encoder.w:scale"].floats("s"), (scale, 0.0))
+        q = struct.unpack("<6b", tensors["encoder.w"].data)
+        # The largest change is ±127; the others round to nearest, the change taken from the
+        # float32 values (2.1 - 2.0 is not exactly 0.1).
+        d = [a - b for a, b in zip(struct.unpack("<3f", f32(trained_w[:3])), w[:3])]
+        self.assertEqual(q, (127, round(d[1] / scale), round(d[2] / scale), 0, 0, 0))
+        self.assertEqual(q[1], -64)
+        built = os.path.join(self.tmp, "out")
+        self.assertEqual(run("assemble", "--base", base, "--delta", delta, "--out", built)[0], 0)
+        got, _ = build.read_safetensors(os.path.join(built, "model.safetensors"))
+        self.assertEqual(bytes(got["encoder.w"].data), f32([b + v * scale for b, v in zip(w[:3], q[:3])] + w[3:]))
+        self.assertEqual(bytes(got["encoder.b"].data), f32([1.5, 1.0]))
+
+    def test_int8_rows_need_their_scales(self):
+        base = self.model("base", {"encoder.w": build.Tensor("F32", [2, 2], f32([1.0, 2.0, 3.0, 4.0]))})
+        meta = dict(DELTA_META, int8="encoder.w")
+        q = build.Tensor("I8", [2, 2], struct.pack("<4b", 1, 2, 3, 4))
+        for tensors, expect in (
+            ({"encoder.w": q}, "encoder.w:scale"),
+            ({"encoder.w": q, "encoder.w:scale": build.Tensor("F32", [4], f32([1, 1, 1, 1]))}, "one scale a row"),
+            ({"encoder.w": build.Tensor("F16", [2, 2], struct.pack("<4e", 1, 2, 3, 4)),
+              "encoder.w:scale": build.Tensor("F32", [2], f32([1, 1]))}, "listed as int8 rows"),
+        ):
+            delta = os.path.join(self.tmp, "d.safetensors")
+            build.write_safetensors(delta, tensors, meta)
+            status, _, err = run("assemble", "--base", base, "--delta", delta, "--out", os.path.join(self.tmp, "o"))
+            self.assertEqual((status, err.count("\n")), (2, 1), err)
+            self.assertIn(expect, err)
+
+    def test_a_non_finite_change_is_refused_in_int8(self):
+        base = self.model("base", {"encoder.w": build.Tensor("F32", [1, 2], f32([1.0, 2.0]))})
+        trained = self.model("trained", {"encoder.w": build.Tensor("F32", [1, 2], f32([1.0, float("inf")]))})
+        status, _, err = run("extract", "--int8", "--base", base, "--trained", trained,
+                             "--out", os.path.join(self.tmp, "d.safetensors"))
+        self.assertEqual((status, err.count("\n")), (2, 1), err)
+        self.assertIn("encoder.w", err)
+        self.assertIn("not finite", err)
 
     def test_a_delta_of_values_is_refused(self):
         base = self.model("base", {"encoder.w": build.Tensor("F32", [1], f32([1.0]))})
