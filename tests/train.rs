@@ -195,6 +195,26 @@ fn a_tiny_model_trains_and_loads_with_model() {
     let manifest = std::fs::read_to_string(Path::new(&margin).join("manifest.toml")).unwrap();
     assert!(manifest.contains("no_tool_margin = 0.3"), "{manifest}");
     assert!(manifest.contains("no_tool_cases_skipped = 0"), "{manifest}");
+    // --stop-after ends the --epochs schedule early, as Ctrl-C after that epoch would: the
+    // manifest keeps the schedule's length and says how many epochs ran.
+    let stopped = t.path("stopped");
+    let short = ["--batch-size", "4", "--max-length", "32"];
+    let o = train_to(
+        &stopped,
+        &[&["--epochs", "3", "--stop-after", "1"][..], &short[..]].concat(),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("epoch 1/3: loss"), "{err}");
+    assert!(!err.contains("epoch 2/3"), "{err}");
+    let manifest = std::fs::read_to_string(Path::new(&stopped).join("manifest.toml")).unwrap();
+    assert!(manifest.contains("\nepochs = 3\n"), "{manifest}");
+    assert!(manifest.contains("\nepochs_run = 1\n"), "{manifest}");
+    let o = train_to(
+        &t.path("never"),
+        &[&["--epochs", "2", "--stop-after", "3"][..], &short[..]].concat(),
+    );
+    assert_one_line_error(&o, "--stop-after 3: must be between 1 and --epochs (2)");
 }
 
 #[test]

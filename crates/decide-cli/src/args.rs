@@ -550,6 +550,11 @@ pub struct TrainArgs {
     /// With --eval: stop after this many epochs without a better MRR.
     #[arg(long, default_value_t = 2)]
     pub patience: usize,
+    /// Stop after this many epochs of the --epochs schedule. The learning rate still warms up
+    /// and decays over --epochs, so this is the longer run stopped there, as Ctrl-C after that
+    /// epoch would stop it (the best epoch so far is what --out holds).
+    #[arg(long, value_name = "EPOCHS")]
+    pub stop_after: Option<usize>,
     /// What to train: `bi-encoder` (embeddings compared by cosine; fast, tool embeddings are
     /// cached) or `cross-encoder` (the conversation and a tool read together: one forward pass
     /// per pair, so use it with `--rerank` over a bi-encoder's shortlist). A cross-encoder is

@@ -244,6 +244,14 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         for_each_case(p, args.tools.as_ref(), |at, case, _| seen.check(at, &case))?;
     }
     drop(seen);
+    let last_epoch = match args.stop_after {
+        Some(n) if n == 0 || n > args.epochs => bail!(
+            "--stop-after {n}: must be between 1 and --epochs ({})",
+            args.epochs
+        ),
+        Some(n) => n,
+        None => args.epochs,
+    };
     check_out(&args.out)?;
     let head = args.head;
     let hyper = Hyper {
@@ -397,7 +405,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let stop = interrupt_flag();
     let trainer_steps = trainer.total_steps();
     let per_epoch = trainer.pairs_per_epoch() as u64;
-    let bar = crate::score::progress(per_epoch * args.epochs as u64, "training");
+    let bar = crate::score::progress(per_epoch * last_epoch as u64, "training");
     if let Ok(style) = indicatif::ProgressStyle::with_template(
         "{msg} [{bar:30}] {pos}/{len} pairs ({per_sec}, eta {eta})",
     ) {
@@ -421,7 +429,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let log_lines = bar.is_hidden();
     let mut training_time = std::time::Duration::ZERO;
     let mut pairs_trained = 0u64;
-    for epoch in 1..=args.epochs {
+    for epoch in 1..=last_epoch {
         let mut loss_sum = 0.0;
         let mut steps = 0;
         let epoch_started = Instant::now();
