@@ -336,20 +336,22 @@ def extract(args):
                 if "," in name:
                     raise BuildError(f"{what}: its name has a comma, which the delta's list of int8 tensors cannot hold")
                 data, scales = int8_difference(t, b, what)
-                delta[name] = Tensor("I8", t.shape, data)
+                dtype = "I8"
                 delta[name + SCALE_SUFFIX] = Tensor("F32", [math.prod(t.shape[:-1])], scales)
                 int8.append(name)
-                print(f"{PROG}: {name} {t.shape} (changed: the difference from the base, int8 rows)")
-                continue
-            data = f16_difference(t, b, what)
-            note = "changed: the difference from the base"
+                note = "changed: the difference from the base, int8 rows"
+            else:
+                data = f16_difference(t, b, what)
+                dtype = "F16"
+                note = "changed: the difference from the base"
         else:
             if "," in name:
                 raise BuildError(f"{what}: the base lacks it and its name has a comma, which the delta's list of whole tensors cannot hold")
             data = to_f16(t, what)
+            dtype = "F16"
             whole.append(name)
             note = "not in the base: stored whole"
-        delta[name] = Tensor("F16", t.shape, data)
+        delta[name] = Tensor(dtype, t.shape, data)
         print(f"{PROG}: {name} {t.shape} ({note})")
     metadata = {"format": "pt", DELTA_KIND[0]: DELTA_KIND[1]}
     if whole:
@@ -358,7 +360,8 @@ def extract(args):
         metadata[INT8_KEY] = ",".join(int8)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     size = write_safetensors(args.out, delta, metadata)
-    values = sum(t.count for n, t in delta.items() if n not in scale_names(int8))
+    scales = scale_names(int8)
+    values = sum(t.count for n, t in delta.items() if n not in scales)
     print(f"{PROG}: wrote {args.out}: {len(delta) - len(int8)} tensors ({len(whole)} whole, "
           f"{len(int8)} int8), {values} values, {human(size)}")
 
@@ -395,7 +398,8 @@ def assemble(args):
             f'"{DELTA_KIND[0]}": "{DELTA_KIND[1]}"); extract it again with {PROG} extract')
     whole = listed(metadata, WHOLE_KEY)
     int8 = listed(metadata, INT8_KEY)
-    for kind, names in (("stored whole", whole), ("stored as int8 rows", int8), ("int8 scales", scale_names(int8))):
+    scales = scale_names(int8)
+    for kind, names in (("stored whole", whole), ("stored as int8 rows", int8), ("int8 scales", scales)):
         missing = sorted(names - set(delta))
         if missing:
             raise BuildError(f"{args.delta}: its metadata names {missing[0]} as {kind}, but it has no such tensor")
@@ -409,15 +413,15 @@ def assemble(args):
             out[full] = Tensor("F32", t.shape, to_f32(t, f"{base_path}: tensor {full}"))
         else:
             out[full] = t
-    scales = scale_names(int8)
     for name in sorted(delta):
         d = delta[name]
         what = f"{args.delta}: tensor {name}"
         if name in scales:
             continue  # read with its tensor
         if name in int8:
-            full, b = int8_base(base, base_path, name, d, delta[name + SCALE_SUFFIX], what)
-            out[full] = Tensor("F32", d.shape, f32_sum_int8(b, d, delta[name + SCALE_SUFFIX], what))
+            row_scales = delta[name + SCALE_SUFFIX]
+            full, b = int8_base(base, base_path, name, d, row_scales, what)
+            out[full] = Tensor("F32", d.shape, f32_sum_int8(b, d, row_scales, what))
             continue
         if d.dtype not in FLOATS:
             raise BuildError(f"{what}: {d.dtype} is not a float type")

@@ -233,6 +233,15 @@ fn check_out(out: &Path) -> anyhow::Result<()> {
 
 pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    // Checked before the data is read: a bad option should not wait on a large file.
+    let last_epoch = match args.stop_after {
+        Some(n) if n == 0 || n > args.epochs => bail!(
+            "--stop-after {n}: must be between 1 and --epochs ({})",
+            args.epochs
+        ),
+        Some(n) => n,
+        None => args.epochs,
+    };
     // The data first: every error before any model loads. The files are streamed: what stays
     // in memory is a hash and a place per case.
     let mut seen = Seen::default();
@@ -244,14 +253,6 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         for_each_case(p, args.tools.as_ref(), |at, case, _| seen.check(at, &case))?;
     }
     drop(seen);
-    let last_epoch = match args.stop_after {
-        Some(n) if n == 0 || n > args.epochs => bail!(
-            "--stop-after {n}: must be between 1 and --epochs ({})",
-            args.epochs
-        ),
-        Some(n) => n,
-        None => args.epochs,
-    };
     check_out(&args.out)?;
     let head = args.head;
     let hyper = Hyper {
