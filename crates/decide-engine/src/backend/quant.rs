@@ -433,7 +433,6 @@ fn quantize_group_at(
     out: &mut [u8],
 ) -> (f32, i32) {
     debug_assert!(x.len() <= GROUP);
-    let mut buffer = [0f32; GROUP];
     match isa.0 {
         // SAFETY: as in `block`.
         #[cfg(target_arch = "x86_64")]
@@ -441,9 +440,9 @@ fn quantize_group_at(
         // SAFETY: as in `block`.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::AvxVnni => unsafe {
-            x86::quantize_row_avx2(scaled(x, factors, &mut buffer), out)
+            x86::quantize_row_avx2(scaled(x, factors, &mut [0f32; GROUP]), out)
         },
-        Level::Portable => quantize_row(scaled(x, factors, &mut buffer), out),
+        Level::Portable => quantize_row(scaled(x, factors, &mut [0f32; GROUP]), out),
     }
 }
 
@@ -545,6 +544,15 @@ mod x86 {
 
     use super::{Block, BlockScales, OutRows, GROUP, MR, PANEL, ROUND};
 
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn start_rows_avx512(
+        out: &mut [std::mem::MaybeUninit<f32>],
+        bias: &[f32],
+        residual: Option<&[f32]>,
+    ) {
+        super::start_rows_generic(out, bias, residual)
+    }
+
     /// [`super::quantize_row`] of one group (at most [`GROUP`] inputs, each multiplied by its
     /// factor first when there are `factors`), with the group held in eight registers between
     /// the range scan and the rounding: the same operations in the same order (a product, then
@@ -593,12 +601,9 @@ mod x86 {
             out.fill(0);
             return (f32::NAN, 0);
         }
-        let (mut los, mut his) = ([0f32; 16], [0f32; 16]);
-        // SAFETY: each array holds 16 f32, one register's worth.
-        _mm512_storeu_ps(los.as_mut_ptr(), lo);
-        _mm512_storeu_ps(his.as_mut_ptr(), hi);
-        let lo = los.iter().fold(0f32, |a, &b| a.min(b));
-        let hi = his.iter().fold(0f32, |a, &b| a.max(b));
+        // Every lane started at 0, so these are the group's range widened to include 0.
+        let lo = _mm512_reduce_min_ps(lo);
+        let hi = _mm512_reduce_max_ps(hi);
         let Some((scale, inv, zero)) = super::row_step(lo, hi) else {
             out.fill(0);
             return (0.0, 0);
@@ -1210,6 +1215,45 @@ pub(crate) struct RowHooks<'a, F> {
 /// block's dequantized products, and finishes them. One parallel pass per product, not one to
 /// quantize and one to multiply: a decision's forward pass is short enough that waking the
 /// threads twice per layer showed in its profile, as did zeroing every output first.
+/// Sets each row of `out` (rows of `bias.len()`) to `bias`, plus its row of `residual` if any:
+/// what the groups' products are then added onto.
+fn start_rows(
+    isa: QuantIsa,
+    out: &mut [MaybeUninit<f32>],
+    bias: &[f32],
+    residual: Option<&[f32]>,
+) {
+    match isa.0 {
+        // SAFETY: as in `block`. The loops are the portable ones, compiled for AVX-512: on the
+        // baseline target they run four lanes at a time, and took 5% of an int8 forward pass.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512Vnni => unsafe { x86::start_rows_avx512(out, bias, residual) },
+        _ => start_rows_generic(out, bias, residual),
+    }
+}
+
+#[inline(always)]
+fn start_rows_generic(out: &mut [MaybeUninit<f32>], bias: &[f32], residual: Option<&[f32]>) {
+    let n = bias.len();
+    match residual {
+        Some(res) => {
+            assert_eq!(res.len(), out.len());
+            for (row, res) in out.chunks_exact_mut(n).zip(res.chunks_exact(n)) {
+                for ((o, b), r) in row.iter_mut().zip(bias).zip(res) {
+                    o.write(b + r);
+                }
+            }
+        }
+        None => {
+            for row in out.chunks_exact_mut(n) {
+                for (o, b) in row.iter_mut().zip(bias) {
+                    o.write(*b);
+                }
+            }
+        }
+    }
+}
+
 pub(crate) fn gemm_int8_rows<F>(
     isa: QuantIsa,
     x: &[f32],
@@ -1237,23 +1281,10 @@ where
         .for_each(|(t, out)| {
             let first = t * rows_per_task;
             let rows = out.len() / n;
-            for (i, row) in out.chunks_exact_mut(n).enumerate() {
-                match hooks.residual {
-                    Some(res) => {
-                        let res = &res[(first + i) * n..(first + i + 1) * n];
-                        for ((o, b), r) in row.iter_mut().zip(hooks.bias).zip(res) {
-                            o.write(b + r);
-                        }
-                    }
-                    None => {
-                        for (o, b) in row.iter_mut().zip(hooks.bias) {
-                            o.write(*b);
-                        }
-                    }
-                }
-            }
-            // SAFETY: the loop above wrote every element of this task's rows (each of them
-            // has `n` elements and `bias` has `n`; `residual`'s rows too, asserted above), and
+            let residual = hooks.residual.map(|r| &r[first * n..(first + rows) * n]);
+            start_rows(isa, out, hooks.bias, residual);
+            // SAFETY: `start_rows` wrote every element of this task's rows (each of them has
+            // `n` elements and `bias` has `n`; `residual`'s rows too, asserted above), and
             // `MaybeUninit<f32>` has the layout of `f32`.
             let out: &mut [f32] = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
             let mine = &x[first * k..(first + rows) * k];
