@@ -201,37 +201,68 @@ mod avx512_blocks {
 
     use super::{R, W};
 
-    /// `out[r] = Σ_dd a[dd][r] · b[dd·stride + offset .. + W]` for the R rows of `a`.
+    /// `out[r] = Σ_i a(i, r) · b[i·stride + offset .. + W]` for the R rows of `a`.
     ///
     /// # Safety
     /// AVX-512F must be available (the caller is compiled for it), and `b` must hold
-    /// `(a.len() - 1)·stride + offset + W` values, which is asserted.
+    /// `(a.len - 1)·stride + offset + W` values, which is asserted (as is `a`'s extent, by
+    /// [`Lhs::check`](super::Lhs::check)).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn outer_block(
-        a: &[[f32; R]],
+        a: &super::Lhs,
         b: &[f32],
         stride: usize,
         offset: usize,
         out: &mut [[f32; W]; R],
     ) {
-        if a.is_empty() {
+        if a.len == 0 {
             *out = [[0.0; W]; R];
             return;
         }
-        assert!((a.len() - 1) * stride + offset + W <= b.len());
+        a.check();
+        assert!((a.len - 1) * stride + offset + W <= b.len());
         let mut acc = [_mm512_setzero_ps(); R];
         let mut ptr = b.as_ptr().add(offset);
-        for row in a {
-            // SAFETY: in bounds by the assertion above (row i reads b[i·stride + offset ..][..W]).
+        let mut ap = a.data.as_ptr();
+        for _ in 0..a.len {
+            // SAFETY: in bounds by the assertions above (step i reads b[i·stride + offset ..]
+            // [..W], and a.data[i·step + r·lane] for r < R).
             let v = _mm512_loadu_ps(ptr);
-            for r in 0..R {
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(row[r]), v, acc[r]);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * a.lane)), v, *acc);
             }
             ptr = ptr.add(stride);
+            ap = ap.add(a.step);
         }
         for r in 0..R {
             _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
         }
+    }
+}
+
+/// The left factor of an attention block: element (i, r), `i < len`, `r < R`, at
+/// `data[i·step + r·lane]`. The queries are stored i-major (`step` R, `lane` 1), the
+/// probabilities row-major as the softmax leaves them (`step` 1, `lane` the padded key count),
+/// so that neither is transposed.
+pub(crate) struct Lhs<'a> {
+    data: &'a [f32],
+    len: usize,
+    step: usize,
+    lane: usize,
+}
+
+impl Lhs<'_> {
+    #[inline(always)]
+    fn at(&self, i: usize, r: usize) -> f32 {
+        self.data[i * self.step + r * self.lane]
+    }
+
+    /// Asserts that every element lies in `data`.
+    #[inline(always)]
+    fn check(&self) {
+        assert!(
+            self.len == 0 || (self.len - 1) * self.step + (R - 1) * self.lane < self.data.len()
+        );
     }
 }
 
@@ -251,7 +282,7 @@ fn round_up(x: usize, to: usize) -> usize {
 /// The shared loops, generic over whether `mul_add` is a native FMA (it is a slow library
 /// call without one, so the portable build multiplies and adds instead).
 mod generic {
-    use super::{Activation, AttentionTask, PackTask, R, W};
+    use super::{Activation, AttentionTask, Lhs, PackTask, R, W};
 
     #[inline(always)]
     fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -424,11 +455,11 @@ mod generic {
         }
     }
 
-    /// `out[r] = Σ_i a[i][r] · b[i·stride + offset .. + W]`: the register-blocked inner product
+    /// `out[r] = Σ_i a(i, r) · b[i·stride + offset .. + W]`: the register-blocked inner product
     /// both attention GEMMs are made of (S = Q·Kᵀ over head_dim, context = P·V over keys).
     #[inline(always)]
     fn outer_block<const FMA: bool, const AVX512: bool>(
-        a: &[[f32; R]],
+        a: &Lhs,
         b: &[f32],
         stride: usize,
         offset: usize,
@@ -441,14 +472,16 @@ mod generic {
             unsafe { super::avx512_blocks::outer_block(a, b, stride, offset, out) };
             return;
         }
+        a.check();
         let mut acc = [[0f32; W]; R];
-        for (i, ai) in a.iter().enumerate() {
+        for i in 0..a.len {
             let bv: &[f32; W] = b[i * stride + offset..i * stride + offset + W]
                 .try_into()
                 .unwrap();
-            for r in 0..R {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let ai = a.at(i, r);
                 for t in 0..W {
-                    acc[r][t] = fma::<FMA>(ai[r], bv[t], acc[r][t]);
+                    acc[t] = fma::<FMA>(ai, bv[t], acc[t]);
                 }
             }
         }
@@ -496,7 +529,7 @@ mod generic {
         }
         let mut q = vec![[0f32; R]; d];
         let mut s = vec![0f32; R * lp];
-        let mut p = vec![[0f32; R]; l];
+        let mut inv = [0f32; R];
         for h in 0..heads {
             let kt = &kt[h * d * lp..(h + 1) * d * lp];
             let v = &v[h * l * dp..(h + 1) * l * dp];
@@ -513,8 +546,14 @@ mod generic {
                 }
                 // S = Q·Kᵀ + mask, W keys at a time with R×W accumulators.
                 let mut acc = [[0f32; W]; R];
+                let queries = Lhs {
+                    data: q.as_flattened(),
+                    len: d,
+                    step: R,
+                    lane: 1,
+                };
                 for jb in (0..lp).step_by(W) {
-                    outer_block::<FMA, AVX512>(&q, kt, lp, jb, &mut acc);
+                    outer_block::<FMA, AVX512>(&queries, kt, lp, jb, &mut acc);
                     let b: &[f32; W] = bias[jb..jb + W].try_into().unwrap();
                     for r in 0..R {
                         let dst: &mut [f32; W] =
@@ -524,25 +563,32 @@ mod generic {
                         }
                     }
                 }
-                // Softmax of each row; the padding past l has probability 0.
-                for r in 0..R {
+                // Softmax of each row, left unnormalised in place (the padding past l has
+                // weight 0); each row's 1 / sum scales its context once it is summed, rather
+                // than every weight.
+                for (r, inv) in inv.iter_mut().enumerate() {
                     let row = &mut s[r * lp..(r + 1) * lp];
                     let m = max(row);
                     for x in row.iter_mut() {
                         *x = exp::<FMA>(*x - m);
                     }
-                    let inv = 1.0 / sum(row);
-                    for (j, pj) in p.iter_mut().enumerate() {
-                        pj[r] = row[j] * inv;
-                    }
+                    *inv = 1.0 / sum(row);
                 }
-                // Context = P·V, W output columns at a time.
+                // Context = P·V, W output columns at a time, P read row-major from `s`.
+                let weights = Lhs {
+                    data: &s,
+                    len: l,
+                    step: 1,
+                    lane: lp,
+                };
                 for db in (0..dp).step_by(W) {
-                    outer_block::<FMA, AVX512>(&p, v, dp, db, &mut acc);
+                    outer_block::<FMA, AVX512>(&weights, v, dp, db, &mut acc);
                     let width = W.min(d - db);
                     for (r, a) in acc.iter().enumerate().take(valid) {
                         let o = (g + r) * hidden + h * d + db;
-                        out[o..o + width].copy_from_slice(&a[..width]);
+                        for (o, a) in out[o..o + width].iter_mut().zip(a) {
+                            *o = a * inv[r];
+                        }
                     }
                 }
             }

@@ -1217,12 +1217,7 @@ pub(crate) struct RowHooks<'a, F> {
 /// threads twice per layer showed in its profile, as did zeroing every output first.
 /// Sets each row of `out` (rows of `bias.len()`) to `bias`, plus its row of `residual` if any:
 /// what the groups' products are then added onto.
-fn start_rows(
-    isa: QuantIsa,
-    out: &mut [MaybeUninit<f32>],
-    bias: &[f32],
-    residual: Option<&[f32]>,
-) {
+fn start_rows(isa: QuantIsa, out: &mut [MaybeUninit<f32>], bias: &[f32], residual: Option<&[f32]>) {
     match isa.0 {
         // SAFETY: as in `block`. The loops are the portable ones, compiled for AVX-512: on the
         // baseline target they run four lanes at a time, and took 5% of an int8 forward pass.
