@@ -305,7 +305,7 @@ impl QuantizedMatrix {
 fn to_i8(x: f64) -> i8 {
     // Adding and taking away 1.5 · 2^52 rounds half to even (the FPU's default mode) on any
     // value under 2^51 without the library call `round_ties_even` compiles to on the baseline
-    // target, where a tenth of the int8 load went; clamping first keeps the value that small
+    // target, where a sixth of the int8 load went; clamping first keeps the value that small
     // and gives the same integers.
     const MAGIC: f64 = 6_755_399_441_055_744.0;
     let x = x.clamp(-127.0, 127.0);
@@ -1206,15 +1206,6 @@ pub(crate) struct RowHooks<'a, F> {
     pub finish: F,
 }
 
-/// `finish(bias + residual + x (m × k) · W)` (`m × n`) row block by row block (see
-/// [`RowHooks`]), with `x` quantized per row here and `W` quantized at load.
-///
-/// The kernels run over all rows of `x` and all panels, in parallel over blocks of output rows,
-/// into a new output: each task quantizes its own rows of `x`, writes its
-/// output rows' first values (bias and residual) into memory never zeroed, adds each register
-/// block's dequantized products, and finishes them. One parallel pass per product, not one to
-/// quantize and one to multiply: a decision's forward pass is short enough that waking the
-/// threads twice per layer showed in its profile, as did zeroing every output first.
 /// Sets each row of `out` (rows of `bias.len()`) to `bias`, plus its row of `residual` if any:
 /// what the groups' products are then added onto.
 fn start_rows(isa: QuantIsa, out: &mut [MaybeUninit<f32>], bias: &[f32], residual: Option<&[f32]>) {
@@ -1249,6 +1240,15 @@ fn start_rows_generic(out: &mut [MaybeUninit<f32>], bias: &[f32], residual: Opti
     }
 }
 
+/// `finish(bias + residual + x (m × k) · W)` (`m × n`) row block by row block (see
+/// [`RowHooks`]), with `x` quantized per row here and `W` quantized at load.
+///
+/// The kernels run over all rows of `x` and all panels, in parallel over blocks of output rows,
+/// into a new output: each task quantizes its own rows of `x`, writes its
+/// output rows' first values (bias and residual) into memory never zeroed, adds each register
+/// block's dequantized products, and finishes them. One parallel pass per product, not one to
+/// quantize and one to multiply: a decision's forward pass is short enough that waking the
+/// threads twice per layer showed in its profile, as did zeroing every output first.
 pub(crate) fn gemm_int8_rows<F>(
     isa: QuantIsa,
     x: &[f32],
