@@ -54,7 +54,7 @@ fn select_on_the_shipped_example_passes_the_forecast_and_the_email_it_asks_for()
         "the filter must filter: {names:?}"
     );
     // The follow-up asks for an email too ("email it to Anna"): the trained default model ranks
-    // it first of the tools it is asked about (0.693) and passes it at the default threshold.
+    // it first of the tools it is asked about (0.585) and passes it at the default threshold.
     let p = |name: &str| {
         asked.iter().find(|s| s["name"] == name).unwrap()["probability"]
             .as_f64()
@@ -74,7 +74,7 @@ fn select_on_the_shipped_example_passes_the_forecast_and_the_email_it_asks_for()
         names.iter().any(|n| n == "get_forecast") && names.iter().any(|n| n == "send_email"),
         "{names:?}"
     );
-    // 90% of needed MCP tools (the calibration cases') lie above 0.0176: 8 of the 27 tools.
+    // 90% of needed MCP tools (the calibration cases') lie above 0.014: 10 of the 27 tools.
     assert!(
         names.len() < all.len() / 2,
         "the filter must filter: {names:?}"

@@ -8,7 +8,8 @@ mod common;
 use common::{assert_one_line_error, decide, root, TempDir};
 
 const TOOLS: &str = r#"[
- {"name": "weather", "description": "get the forecast for a city"},
+ {"name": "weather", "description": "get the forecast for a city",
+  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
  {"name": "email", "description": "send a message to a person"},
  {"name": "calendar", "description": "create a meeting in the calendar"},
  {"name": "search", "description": "search the web for pages"},
@@ -196,12 +197,24 @@ fn a_tiny_model_trains_and_loads_with_model() {
     assert!(manifest.contains("no_tool_margin = 0.3"), "{manifest}");
     assert!(manifest.contains("no_tool_cases_skipped = 0"), "{manifest}");
     // --stop-after ends the --epochs schedule early, as Ctrl-C after that epoch would: the
-    // manifest keeps the schedule's length and says how many epochs ran.
+    // manifest keeps the schedule's length and says how many epochs ran. Trained on tools read
+    // with their argument names, the model is to be read so too.
     let stopped = t.path("stopped");
     let short = ["--batch-size", "4", "--max-length", "32"];
     let o = train_to(
         &stopped,
-        &[&["--epochs", "3", "--stop-after", "1"][..], &short[..]].concat(),
+        &[
+            &[
+                "--epochs",
+                "3",
+                "--stop-after",
+                "1",
+                "--tool-parameters",
+                "true",
+            ][..],
+            &short[..],
+        ]
+        .concat(),
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
@@ -210,6 +223,15 @@ fn a_tiny_model_trains_and_loads_with_model() {
     let manifest = std::fs::read_to_string(Path::new(&stopped).join("manifest.toml")).unwrap();
     assert!(manifest.contains("\nepochs = 3\n"), "{manifest}");
     assert!(manifest.contains("\nepochs_run = 1\n"), "{manifest}");
+    assert!(
+        manifest.contains("\ntool_parameters = true\n"),
+        "{manifest}"
+    );
+    assert!(
+        !std::fs::read_to_string(Path::new(&out).join("manifest.toml"))
+            .unwrap()
+            .contains("tool_parameters")
+    );
     let o = train_to(
         &t.path("never"),
         &[&["--epochs", "2", "--stop-after", "3"][..], &short[..]].concat(),
@@ -273,7 +295,13 @@ fn a_cross_encoder_trains_from_the_default_bi_encoder_and_reranks_its_shortlist(
     let manifest = std::fs::read_to_string(Path::new(&out).join("manifest.toml")).unwrap();
     assert!(manifest.contains("head = \"cross-encoder\""), "{manifest}");
     assert!(manifest.contains("[calibration]"), "{manifest}");
-    assert!(!manifest.contains("[scoring]"), "{manifest}");
+    // The bi-encoder's lexical weight does not carry over to a logit; the tool texts it was
+    // trained on (the default's, with their argument names) do.
+    assert!(manifest.contains("\nlexical_weight = 0.0\n"), "{manifest}");
+    assert!(
+        manifest.contains("\ntool_parameters = true\n"),
+        "{manifest}"
+    );
     // It loads as a reranker behind the default model.
     let o = decide(&[
         "--rerank",

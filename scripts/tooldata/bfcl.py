@@ -38,7 +38,8 @@ import sys
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prepare import Fail, conversation_key, hold_out, json_objects, rng_for, write_split  # noqa: E402
+from prepare import (  # noqa: E402
+    Fail, conversation_key, hold_out, json_objects, rng_for, with_arguments, write_split)  # noqa: E402
 
 DATA = "bfcl_eval/data"
 LIVE = ["live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"]
@@ -97,7 +98,7 @@ def tool(at: str, fn) -> dict:
     description = fn.get("description") or ""
     if not isinstance(description, str):
         raise Fail(f"{at}: function {fn['name']!r}: description is not a string")
-    return {"name": fn["name"], "description": description}
+    return with_arguments({"name": fn["name"], "description": description}, fn)
 
 
 def tools_of(at: str, functions) -> list[dict]:

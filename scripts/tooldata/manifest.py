@@ -2,13 +2,15 @@
 """Writes the manifest of a model built from a base and a delta (scripts/train-tool-model).
 
   manifest.py --template --name NAME --base BASE --delta DELTA_FILE --trained TRAINED_MANIFEST \\
-      [--earlier STAGE1_MANIFEST] --dir ASSEMBLED_DIR > ASSEMBLED_DIR/manifest.toml
+      [--earlier STAGE1_MANIFEST] [--tool-parameters] --dir ASSEMBLED_DIR > ASSEMBLED_DIR/manifest.toml
       Prints the manifest of the model assembled in ASSEMBLED_DIR by `models/build.py assemble`
       from models/BASE/ and DELTA_FILE: name NAME, hf_id "decide/NAME" (not on the hub: models/fetch
       builds it), revision "local", the base manifest's architecture, head and max_length,
       [scoring] and [training] from TRAINED_MANIFEST (the manifest `decide train` wrote; the
       [training] keys that hold paths on this machine, such as data and eval, are dropped, their
-      sha256 kept), with --earlier STAGE1_MANIFEST the first stage's [training] as
+      sha256 kept; --tool-parameters, or TRAINED_MANIFEST's own, adds `tool_parameters = true`:
+      the model reads a tool as `name: description (argument names)`), with --earlier
+      STAGE1_MANIFEST the first stage's [training] as
       [training.stage1], [build] naming BASE and DELTA_FILE's file name with its sha256, and [files]:
       the sha256 of every file in ASSEMBLED_DIR.
       It also holds [calibration] (TRAINED_MANIFEST's, else the identity) and a placeholder
@@ -53,7 +55,7 @@ PLACEHOLDER = "placeholder of scripts/tooldata/manifest.py --template: run decid
 TOP_KEYS = {"name", "hf_id", "revision", "architecture", "head", "max_length", "license",
             "calibration", "scoring", "training", "build", "conformal", "files"}
 TABLE_KEYS = {
-    "scoring": {"lexical_weight"},
+    "scoring": {"lexical_weight", "tool_parameters"},
     "calibration": {"a", "b"},
     "build": {"base", "delta", "delta_sha256"},
     "conformal": {"needed_probabilities", "cases", "source"},
@@ -253,6 +255,10 @@ def template(args) -> str:
     if not isinstance(lexical_weight, (int, float)) or isinstance(lexical_weight, bool):
         raise Fail(f"{args.trained}: scoring.lexical_weight is not a number")
     lexical_weight = float(lexical_weight)
+    tool_parameters = scoring.get("tool_parameters", False)
+    if not isinstance(tool_parameters, bool):
+        raise Fail(f"{args.trained}: scoring.tool_parameters is not true or false")
+    tool_parameters = tool_parameters or args.tool_parameters
     calibration = trained.get("calibration") or {"a": 1.0, "b": 0.0}
     try:
         a, b = float(calibration["a"]), float(calibration["b"])
@@ -317,10 +323,18 @@ def template(args) -> str:
         f"license = {toml_str('Apache-2.0')}",
     ]
     text = "\n".join(lines) + "\n"
-    text += table("scoring", [("lexical_weight", lexical_weight)], [
+    scoring_items = [("lexical_weight", lexical_weight)]
+    scoring_comment = [
         "Hybrid scoring: raw score = cosine + lexical_weight * BM25 coverage of the last user",
         "message, as for the base; the calibration below was fitted for this weight.",
-    ], args.trained)
+    ]
+    if tool_parameters:
+        scoring_items.append(("tool_parameters", True))
+        scoring_comment += [
+            "A tool is read as `name: description (its argument names)`, as it was when this",
+            "model was chosen and calibrated.",
+        ]
+    text += table("scoring", scoring_items, scoring_comment, args.trained)
     text += table("calibration", [("a", a), ("b", b)], [
         "Platt scaling of the raw score: P = sigmoid(a * score + b), fitted by `decide calibrate`",
         "on the held-out cases above.",
@@ -413,6 +427,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--delta", help="the delta safetensors file (--template)")
     parser.add_argument("--trained", help="the manifest `decide train` wrote (--template)")
     parser.add_argument("--earlier", help="the manifest of an earlier stage the run started from (--template)")
+    parser.add_argument("--tool-parameters", action="store_true",
+                        help="the model reads tools with their argument names (--template)")
     parser.add_argument("--dir", required=True, help="the built model's folder")
     args = parser.parse_args(argv)
     if args.template:

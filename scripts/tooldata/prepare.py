@@ -27,8 +27,9 @@ Why it is built this way:
   case is kept.
 - Candidates per line: the expected tools plus `--negatives` random tools of the same source
   (StableToolBench: the tools the benchmark offered first, then random ones; API-Bank: its whole
-  catalogue), in shuffled order. `parameters` are dropped, because the engine scores names and
-  descriptions only. LiveMCPBench's `tune.jsonl` is added with 60 random negatives from its
+  catalogue), in shuffled order. Of a tool's `parameters` (or MCP `inputSchema`) only the argument
+  names are kept, as `{"type": "object", "properties": {NAME: {}, ...}}`: a model whose manifest
+  says `tool_parameters` reads them, and nothing reads the rest. LiveMCPBench's `tune.jsonl` is added with 60 random negatives from its
   catalogue; `own/tune.jsonl` stays out of training (it is kept for calibration and selection);
   no `report.jsonl` is used except to check that no training or held-out conversation is one of
   them.
@@ -59,6 +60,25 @@ SOURCES = ["metatool", "sealtools", "apibank", "stabletoolbench"]
 HELDOUT_PER_SOURCE = 150
 HELDOUT_TOOLS_PER_LINE = 40
 LIVEMCPBENCH_NEGATIVES = 60
+
+
+def argument_names(item: dict) -> list[str]:
+    """The top-level property names of a tool's argument schema (`parameters`, MCP's `inputSchema`
+    or `input_schema`), in the schema's order; none when it has no such object."""
+    for key in ("parameters", "inputSchema", "input_schema"):
+        schema = item.get(key)
+        if isinstance(schema, dict):
+            properties = schema.get("properties")
+            return list(properties) if isinstance(properties, dict) else []
+    return []
+
+
+def with_arguments(tool: dict, item: dict) -> dict:
+    """`tool` with `parameters` holding `item`'s argument names, when it has any."""
+    names = argument_names(item)
+    if names:
+        tool["parameters"] = {"type": "object", "properties": {n: {} for n in names}}
+    return tool
 
 
 class Fail(Exception):
@@ -169,7 +189,8 @@ class Inputs:
             raise Fail(f"{path}:{line}: not UTF-8 text") from None
 
     def catalogue(self, path: str, label: str) -> list[dict]:
-        """A tool list as `[{"name", "description"}]`, from the bare, OpenAI or MCP shape."""
+        """A tool list as `[{"name", "description", "parameters"?}]`, from the bare, OpenAI or MCP
+        shape; `parameters` holds the argument names only (see `argument_names`)."""
         text = self.text(path, label)
         try:
             value = json.loads(text)
@@ -199,7 +220,7 @@ class Inputs:
                 description = ""
             if not isinstance(description, str):
                 raise Fail(f"{path}:1: tools[{i}].description: expected a string")
-            tools.append({"name": name, "description": description})
+            tools.append(with_arguments({"name": name, "description": description}, item))
         return tools
 
     def cases(self, path: str, label: str) -> list[dict]:

@@ -29,8 +29,10 @@ class Adapt(unittest.TestCase):
         write_jsonl(root / "data" / "train.jsonl", general)
         for part, tool in [("own", "read_file"), ("livemcpbench", "get-tickets")]:
             (root / "eval" / part).mkdir(parents=True)
+            schema = {"type": "object", "properties": {"path": {"type": "string"}, "head": {"type": "number"}}}
             (root / "eval" / part / "catalogue.json").write_text(json.dumps(
-                {"tools": [{"name": tool, "description": "d"}, {"name": "other", "description": "e"}]}))
+                {"tools": [{"name": tool, "description": "d", "inputSchema": schema},
+                           {"name": "other", "description": "e"}]}))
             write_jsonl(root / "eval" / part / "tune.jsonl",
                         [case(f"{part}-{i}", [tool] if i % 3 else []) for i in range(9)])
             write_jsonl(root / "eval" / part / "report.jsonl", [case(f"{part}-report", [tool])])
@@ -64,6 +66,9 @@ class Adapt(unittest.TestCase):
         own = [r for r in rows if r["id"].startswith("own-1")]
         self.assertEqual(len(own), 3)
         self.assertEqual([t["name"] for t in own[0]["tools"]], ["read_file", "other"], "the whole catalogue")
+        # An MCP tool's argument names, in its schema's order, and nothing else of the schema.
+        self.assertEqual(own[0]["tools"][0]["parameters"], {"type": "object", "properties": {"path": {}, "head": {}}})
+        self.assertNotIn("parameters", own[0]["tools"][1])
 
     def test_folds_hold_out_each_case_once(self):
         held = []

@@ -19,8 +19,9 @@ def jsonl(rows):
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def fn(name):
-    return {"name": name, "description": f"does {name}", "parameters": {"type": "dict", "properties": {}}}
+def fn(name, properties=None):
+    return {"name": name, "description": f"does {name}",
+            "parameters": {"type": "dict", "properties": properties or {}}}
 
 
 class Bfcl(unittest.TestCase):
@@ -38,7 +39,8 @@ class Bfcl(unittest.TestCase):
             for i in range(10):
                 text = "a report question" if (category, i) == ("live_simple", 0) else f"{category} ask {i}"
                 rows.append({"id": f"{category}_{i}", "question": [[{"role": "user", "content": text}]],
-                             "function": [fn("alpha"), fn("beta"), fn("alpha")]})
+                             "function": [fn("alpha"), fn("beta", {"x": {"type": "array", "description": "xs"}}),
+                                          fn("alpha")]})
                 answers.append({"id": f"{category}_{i}", "ground_truth": [{"beta": {"x": [1]}}, {"beta": {}}]})
             self.members[f"{D}/BFCL_v4_{category}.json"] = jsonl(rows)
             self.members[f"{D}/possible_answer/BFCL_v4_{category}.json"] = jsonl(answers)
@@ -86,6 +88,9 @@ class Bfcl(unittest.TestCase):
         self.assertEqual(len(live), 39)
         self.assertEqual(live[0]["expected"], ["beta"])
         self.assertEqual([t["name"] for t in live[0]["tools"]], ["alpha", "beta"], "each name once")
+        # The argument names are kept, and nothing else of the schema.
+        self.assertNotIn("parameters", live[0]["tools"][0])
+        self.assertEqual(live[0]["tools"][1]["parameters"], {"type": "object", "properties": {"x": {}}})
         turns = sorted((r for r in train + held if "multi_turn" in r["id"]), key=lambda r: r["id"])
         self.assertEqual([r["id"] for r in turns], ["bfcl-multi_turn_base_0-turn0", "bfcl-multi_turn_base_0-turn1"],
                          "a turn that calls nothing is left out")

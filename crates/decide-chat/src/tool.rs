@@ -77,6 +77,17 @@ impl ToolSpecification {
         self
     }
 
+    /// The names of the tool's arguments: the keys of its schema's top-level `properties`, in
+    /// the schema's order; empty without a schema or properties.
+    pub fn parameter_names(&self) -> Vec<String> {
+        self.parameters
+            .as_ref()
+            .and_then(|schema| schema.get("properties"))
+            .and_then(Value::as_object)
+            .map(|properties| properties.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The same tool with its search behavior set in the metadata.
     pub fn with_search_behavior(mut self, behavior: SearchBehavior) -> Self {
         self.metadata.insert(
@@ -114,6 +125,23 @@ impl ToolSpecification {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameter_names_are_the_schemas_top_level_properties_in_order() {
+        let tool = ToolSpecification::new("get_forecast").with_parameters(json!({
+            "type": "object",
+            "properties": {
+                "longitude": {"type": "number"},
+                "latitude": {"type": "number"},
+                "options": {"type": "object", "properties": {"units": {"type": "string"}}}
+            },
+            "required": ["latitude"]
+        }));
+        assert_eq!(tool.parameter_names(), ["longitude", "latitude", "options"]);
+        assert!(ToolSpecification::new("now").parameter_names().is_empty());
+        let odd = ToolSpecification::new("x").with_parameters(json!({"properties": [1, 2]}));
+        assert!(odd.parameter_names().is_empty());
+    }
 
     #[test]
     fn search_behavior_defaults_to_searchable() {

@@ -36,6 +36,10 @@ pub struct Global {
     /// The calibration is fitted for the manifest's weight.
     #[arg(long, global = true, value_name = "W")]
     pub lexical_weight: Option<f64>,
+    /// Whether a tool's text carries its parameter names, `name: description (a, b)` (default:
+    /// the model's manifest). The calibration is fitted for the manifest's choice.
+    #[arg(long, global = true, value_name = "BOOL")]
+    pub tool_parameters: Option<bool>,
     /// A second model (typically a cross-encoder) that rescores the --rerank-top most probable
     /// tools of --model: a cascade. For `decide serve`, the model of the rerank endpoints.
     #[arg(long, global = true, value_name = "MODEL")]
@@ -79,6 +83,9 @@ impl Global {
         if let Some(w) = self.lexical_weight {
             builder = builder.lexical_weight(w);
         }
+        if let Some(on) = self.tool_parameters {
+            builder = builder.tool_parameters(on);
+        }
         Ok(builder
             .model(&self.model)
             .device(self.device)
@@ -102,6 +109,7 @@ impl Global {
             let mut other = self.clone();
             other.model = rerank.clone();
             other.lexical_weight = None;
+            other.tool_parameters = None;
             other.engine(allow_uncalibrated)
         })
         .map_err(|e| anyhow::anyhow!("--rerank {rerank}: {e}"))?;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use decide_chat::ToolSpecification;
-use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest};
+use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest, Scoring};
 use decide_eval::Reliability;
 
 use crate::args::{CalibrateArgs, CasesArgs, FilterArgs, Global};
@@ -187,6 +187,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         let line = serde_json::json!({
             "model": model.name(), "a": fit.a, "b": fit.b,
             "lexical_weight": model.lexical_weight(),
+            "tool_parameters": model.tool_parameters(),
             "cases": cases, "pairs": scores.len(), "positives": positives,
             "log_loss": loss_after, "ece": after.ece,
             "log_loss_before": loss_before, "ece_before": before_rel.as_ref().map(|r| r.ece),
@@ -271,6 +272,10 @@ fn write_manifest(
         );
         return Ok(None);
     }
-    Manifest::update_calibration(&path, fit, model.lexical_weight(), conformal)?;
+    let scoring = Scoring {
+        lexical_weight: model.lexical_weight(),
+        tool_parameters: model.tool_parameters(),
+    };
+    Manifest::update_calibration(&path, fit, scoring, conformal)?;
     Ok(Some(path))
 }

@@ -63,6 +63,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
             let mut other = global.clone();
             other.model = name.clone();
             other.lexical_weight = None;
+            other.tool_parameters = None;
             Some(
                 other
                     .engine(true)

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_engine::{candidate_text, registry, Calibration};
+use decide_engine::{candidate_text, registry, tool_text, Calibration};
 use decide_train::{
     file_sha256, write_manifest, Example, ExampleSpool, Hyper, ModelMeta, TrainHead, Trainer,
 };
@@ -286,6 +286,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let spool_path = beside(&args.out, "spool")?;
     let mut spool = ExampleSpool::create(&spool_path)?;
     let mut no_tool = 0;
+    let tool_parameters = base_model.tool_parameters();
     for_each_case(&args.data, args.tools.as_ref(), |at, case, expected| {
         let provider = build_filter(&base_model, case.tools.clone(), &args.filter)?;
         let request = provider_request(&case.messages).with_context(|| at.to_string())?;
@@ -295,7 +296,12 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         let mut positives = Vec::new();
         let mut candidates = Vec::with_capacity(case.tools.len());
         for tool in &case.tools {
-            let text = candidate_text(&tool.name, tool.description.as_deref().unwrap_or(""));
+            let description = tool.description.as_deref().unwrap_or("");
+            let text = if tool_parameters {
+                tool_text(&tool.name, description, &tool.parameter_names())
+            } else {
+                candidate_text(&tool.name, description)
+            };
             let next = documents.len();
             let idx = *doc_index.entry(text.clone()).or_insert(next);
             if idx == next {
@@ -385,6 +391,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
                 .map(|s| s.lexical_weight),
             TrainHead::CrossEncoder => None,
         },
+        tool_parameters,
         calibration: None,
         training,
     };

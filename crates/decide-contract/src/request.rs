@@ -223,6 +223,11 @@ pub struct Candidate {
     pub name: String,
     /// What the candidate is or does; the name when no description was given.
     pub description: String,
+    /// The names of the candidate's parameters (for a tool, its arguments, in the order its
+    /// schema gives them), never blank; empty when there are none or they are unknown. Whether
+    /// a model reads them is the model's choice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameters: Vec<String>,
 }
 
 impl Candidate {
@@ -240,7 +245,21 @@ impl Candidate {
         } else {
             description
         };
-        Ok(Self { name, description })
+        Ok(Self {
+            name,
+            description,
+            parameters: Vec::new(),
+        })
+    }
+
+    /// The candidate with these parameter names; blank ones are left out.
+    pub fn with_parameters<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.parameters = names
+            .into_iter()
+            .map(Into::into)
+            .filter(|n| !n.trim().is_empty())
+            .collect();
+        self
     }
 }
 
@@ -272,6 +291,7 @@ impl YesNoQuestion {
             yes_when: None,
             no_when: None,
             candidate: None,
+            parameters: Vec::new(),
         }
     }
 
@@ -301,6 +321,7 @@ impl YesNoQuestion {
             yes_when,
             no_when,
             candidate,
+            parameters,
         } = parts;
         let subject = Subject::new(name, &text, Self::KIND);
         check_text(subject, &text)?;
@@ -311,10 +332,14 @@ impl YesNoQuestion {
             .map(|d| non_blank(subject, "no_when", d))
             .transpose()?;
         let candidate = match candidate {
+            None if !parameters.is_empty() => {
+                return Err(subject.invalid("parameters need a candidate"));
+            }
             None => None,
             Some((name, description)) => Some(
                 Candidate::new(name, description.unwrap_or_default())
-                    .map_err(|_| subject.invalid("a candidate's name must not be blank"))?,
+                    .map_err(|_| subject.invalid("a candidate's name must not be blank"))?
+                    .with_parameters(parameters),
             ),
         };
         Ok(Self {
@@ -333,6 +358,7 @@ pub struct YesNoQuestionBuilder {
     yes_when: Option<String>,
     no_when: Option<String>,
     candidate: Option<(String, Option<String>)>,
+    parameters: Vec<String>,
 }
 
 impl YesNoQuestionBuilder {
@@ -351,6 +377,13 @@ impl YesNoQuestionBuilder {
     /// Attaches the candidate the question is about; see [`Candidate::new`].
     pub fn candidate(mut self, name: impl Into<String>, description: impl Into<String>) -> Self {
         self.candidate = Some((name.into(), Some(description.into())));
+        self
+    }
+
+    /// The candidate's parameter names (see [`Candidate::parameters`]); a question with
+    /// parameters must have a candidate.
+    pub fn parameters<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.parameters = names.into_iter().map(Into::into).collect();
         self
     }
 
@@ -692,6 +725,8 @@ struct RawCandidate {
     name: String,
     #[serde(default)]
     description: Option<String>,
+    #[serde(default)]
+    parameters: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -781,11 +816,16 @@ impl RawQuestion {
 
 impl RawYesNo {
     fn check(self, name: Option<&str>) -> Result<YesNoQuestion> {
+        let (candidate, parameters) = match self.candidate {
+            Some(c) => (Some((c.name, c.description)), c.parameters),
+            None => (None, Vec::new()),
+        };
         let parts = YesNoQuestionBuilder {
             text: self.text,
             yes_when: self.yes_when,
             no_when: self.no_when,
-            candidate: self.candidate.map(|c| (c.name, c.description)),
+            candidate,
+            parameters,
         };
         YesNoQuestion::from_parts(name, parts)
     }
@@ -1149,6 +1189,36 @@ mod tests {
     }
 
     #[test]
+    fn a_candidates_parameters_are_kept_in_order_without_blanks_and_need_a_candidate() {
+        let q = YesNoQuestion::builder("Relevant?")
+            .candidate("get_forecast", "Gets the forecast")
+            .parameters(["latitude", " ", "longitude"])
+            .build()
+            .unwrap();
+        assert_eq!(q.candidate().unwrap().parameters, ["latitude", "longitude"]);
+        let json = serde_json::to_value(&q).unwrap();
+        assert_eq!(
+            json["candidate"]["parameters"],
+            serde_json::json!(["latitude", "longitude"])
+        );
+        assert_eq!(serde_json::from_value::<YesNoQuestion>(json).unwrap(), q);
+        // Without parameters the wire form is what it was before they existed.
+        let plain = YesNoQuestion::builder("Relevant?")
+            .candidate("get_forecast", "Gets the forecast")
+            .build()
+            .unwrap();
+        assert!(serde_json::to_value(&plain).unwrap()["candidate"]
+            .get("parameters")
+            .is_none());
+        let msg = err_msg(
+            YesNoQuestion::builder("Relevant?")
+                .parameters(["x"])
+                .build(),
+        );
+        assert!(msg.contains("parameters need a candidate"), "{msg}");
+    }
+
+    #[test]
     fn yes_no_candidate_description_defaults_to_name() {
         let q = YesNoQuestion::builder("Relevant?")
             .candidate("weather", " ")
@@ -1158,7 +1228,8 @@ mod tests {
             q.candidate(),
             Some(&Candidate {
                 name: "weather".into(),
-                description: "weather".into()
+                description: "weather".into(),
+                parameters: Vec::new(),
             })
         );
         let q = YesNoQuestion::builder("Relevant?")

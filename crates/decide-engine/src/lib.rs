@@ -86,7 +86,9 @@ pub mod registry;
 mod scoring;
 pub mod tokenize;
 
-pub use answering::{candidate_text, Cascade, Scorer, DEFAULT_TOP_K};
+pub use answering::{
+    candidate_text, tool_text, Cascade, Scorer, DEFAULT_TOP_K, MAX_TEXT_PARAMETERS,
+};
 pub use backend::config::{Activation, EncoderConfig, Family};
 pub use backend::device::{CpuKernels, DeviceSpec, Precision};
 pub use calibration::{sigmoid, softmax, Calibration};

@@ -101,6 +101,9 @@ pub struct Scoring {
     /// The weight of BM25 coverage added to the model's score (hybrid scoring).
     #[serde(default)]
     pub lexical_weight: f64,
+    /// Whether a tool's text carries its parameter names ([`crate::tool_text`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool_parameters: bool,
 }
 
 /// A manifest's `[build]` table: the model is built by `models/fetch` (with `models/build.py
@@ -181,27 +184,35 @@ impl Manifest {
         Ok(files)
     }
 
-    /// Writes a fitted `calibration`, the `lexical_weight` it was fitted with and the
-    /// `conformal` table into the manifest at `path`, each number to four decimals, keeping
-    /// the rest of the file (other fields, comments, the place of an existing `[conformal]`
-    /// table) as it was. `[scoring]` is written when the weight is not 0 or the table exists.
+    /// Writes a fitted `calibration`, the `[scoring]` it was fitted with and the `conformal`
+    /// table into the manifest at `path`, each number to four decimals, keeping the rest of the
+    /// file (other fields, comments, the place of an existing `[conformal]` table) as it was.
+    /// `[scoring]` is written when it differs from the defaults or the table exists, and
+    /// `tool_parameters` in it when it is on or was there.
     pub fn update_calibration(
         path: &Path,
         calibration: Calibration,
-        lexical_weight: f64,
+        scoring: Scoring,
         conformal: &Conformal,
     ) -> Result<()> {
+        let Scoring {
+            lexical_weight,
+            tool_parameters,
+        } = scoring;
         let text = std::fs::read_to_string(path).map_err(|e| EngineError::bad_file(path, e))?;
         let mut doc: toml_edit::DocumentMut = text
             .parse()
             .map_err(|e: toml_edit::TomlError| EngineError::bad_file(path, e.message()))?;
         doc["calibration"]["a"] = toml_edit::value(round4(calibration.a));
         doc["calibration"]["b"] = toml_edit::value(round4(calibration.b));
-        if lexical_weight != 0.0 || doc.contains_key("scoring") {
+        if lexical_weight != 0.0 || tool_parameters || doc.contains_key("scoring") {
             if !doc.contains_key("scoring") {
                 doc["scoring"] = toml_edit::table();
             }
             doc["scoring"]["lexical_weight"] = toml_edit::value(round4(lexical_weight));
+            if tool_parameters || doc["scoring"].get("tool_parameters").is_some() {
+                doc["scoring"]["tool_parameters"] = toml_edit::value(tool_parameters);
+            }
         }
         let fresh = conformal_table(conformal);
         match doc.get_mut("conformal").and_then(|t| t.as_table_mut()) {
@@ -611,6 +622,13 @@ mod tests {
         assert!(err.contains("was not found"), "{err}");
     }
 
+    fn weight(lexical_weight: f64) -> Scoring {
+        Scoring {
+            lexical_weight,
+            tool_parameters: false,
+        }
+    }
+
     #[test]
     fn the_manifest_keeps_its_comments_and_gets_the_fit() {
         let dir = std::env::temp_dir().join(format!("decide-cal-{}", std::process::id()));
@@ -631,7 +649,7 @@ mod tests {
                 a: 9.87654,
                 b: -4.32101,
             },
-            0.6,
+            weight(0.6),
             &conformal,
         )
         .unwrap();
@@ -644,6 +662,11 @@ mod tests {
         assert_eq!(manifest["calibration"]["a"].as_float(), Some(9.8765));
         assert_eq!(manifest["calibration"]["b"].as_float(), Some(-4.321));
         assert_eq!(manifest["scoring"]["lexical_weight"].as_float(), Some(0.6));
+        // Off and never written: a manifest that does not read parameters does not say so.
+        assert!(
+            manifest["scoring"].get("tool_parameters").is_none(),
+            "{text}"
+        );
         assert_eq!(manifest["files"]["x"].as_str(), Some("y"));
         let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
         assert_eq!(table, conformal);
@@ -658,11 +681,31 @@ mod tests {
         let edited = text.replace("# The calibrated probabilities", "# mine");
         std::fs::write(&path, edited).unwrap();
         let smaller = Conformal::from_needed([0.5, 0.25]).unwrap().with_cases(2);
-        Manifest::update_calibration(&path, Calibration { a: 1.0, b: 0.0 }, 0.6, &smaller).unwrap();
+        let with_parameters = Scoring {
+            lexical_weight: 0.6,
+            tool_parameters: true,
+        };
+        Manifest::update_calibration(
+            &path,
+            Calibration { a: 1.0, b: 0.0 },
+            with_parameters,
+            &smaller,
+        )
+        .unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("# mine"), "{text}");
+        let manifest: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(manifest["scoring"]["tool_parameters"].as_bool(), Some(true));
+        // Fitted again without them, the manifest says so instead of keeping a stale "true".
+        Manifest::update_calibration(&path, Calibration { a: 1.0, b: 0.0 }, weight(0.6), &smaller)
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.matches("[conformal]").count(), 1, "{text}");
         let manifest: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(
+            manifest["scoring"]["tool_parameters"].as_bool(),
+            Some(false)
+        );
         let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
         assert_eq!(table.needed_probabilities(), [0.25, 0.5]);
         assert_eq!((table.cases(), table.source()), (2, ""));
@@ -676,9 +719,13 @@ mod tests {
         let path = dir.join("manifest.toml");
         std::fs::write(&path, "[calibration\n").unwrap();
         let conformal = Conformal::from_needed([0.5]).unwrap();
-        let err =
-            Manifest::update_calibration(&path, Calibration { a: 1.0, b: 0.0 }, 0.0, &conformal)
-                .unwrap_err();
+        let err = Manifest::update_calibration(
+            &path,
+            Calibration { a: 1.0, b: 0.0 },
+            weight(0.0),
+            &conformal,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().starts_with(&path.display().to_string()),
             "{err}"

@@ -218,13 +218,17 @@ fn repeated_tool_sets_hit_the_embedding_cache() {
     }
 }
 
-fn tool_request(conversation: &str) -> DecisionRequest {
+fn conversation_input(conversation: &str) -> DecisionInput {
     let mut fields = serde_json::Map::new();
     fields.insert(
         "messages".into(),
         serde_json::json!([{ "role": "user", "text": conversation }]),
     );
-    let mut b = DecisionRequest::builder().input(DecisionInput::Fields(fields));
+    DecisionInput::Fields(fields)
+}
+
+fn tool_request(conversation: &str) -> DecisionRequest {
+    let mut b = DecisionRequest::builder().input(conversation_input(conversation));
     for (i, (name, description)) in TOOLS.iter().enumerate() {
         b = b.question(
             format!("tool{i}"),
@@ -274,6 +278,65 @@ fn the_real_model_selects_the_needed_tool() {
             "{text}: an unneeded tool passes: {probs:?}"
         );
         assert!(response.token_usage().is_some());
+    }
+}
+
+/// TOOLS with argument names: as the candidates' parameters, or written out in their
+/// descriptions the way a model that reads parameters sees them.
+fn tool_request_with_arguments(conversation: &str, written_out: bool) -> DecisionRequest {
+    const ARGUMENTS: [&[&str]; 6] = [
+        &["latitude", "longitude"],
+        &["to", "subject", "body"],
+        &[],
+        &["path"],
+        &["query"],
+        &["channel_id", "text"],
+    ];
+    let mut b = DecisionRequest::builder().input(conversation_input(conversation));
+    for (i, ((name, description), arguments)) in TOOLS.iter().zip(ARGUMENTS).enumerate() {
+        let question = YesNoQuestion::builder("Would this tool help to handle the request?");
+        let question = if written_out && !arguments.is_empty() {
+            question.candidate(*name, format!("{description} ({})", arguments.join(", ")))
+        } else if written_out {
+            question.candidate(*name, *description)
+        } else {
+            question
+                .candidate(*name, *description)
+                .parameters(arguments.iter().copied())
+        };
+        b = b.question(format!("tool{i}"), question.build().unwrap());
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn the_default_model_reads_a_tools_arguments_as_its_manifest_says() {
+    let conversation = "Email Anna the forecast for Paris";
+    let reading = engine();
+    assert!(
+        reading.tool_parameters(),
+        "decide-tools-minilm's manifest says tool_parameters"
+    );
+    let with_arguments = tool_request_with_arguments(conversation, false);
+    let written_out = tool_request_with_arguments(conversation, true);
+    let scores = reading.yes_no_scores(&with_arguments).unwrap();
+    assert_eq!(scores, reading.yes_no_scores(&written_out).unwrap());
+
+    // Turned off, the arguments are not read, and the conformal table, fitted on texts with
+    // them, no longer holds.
+    let ignoring = Engine::builder().tool_parameters(false).build().unwrap();
+    assert!(!ignoring.tool_parameters());
+    assert!(reading.conformal().is_some() && ignoring.conformal().is_none());
+    let plain = tool_request(conversation);
+    let ignored = ignoring.yes_no_scores(&with_arguments).unwrap();
+    assert_eq!(ignored, ignoring.yes_no_scores(&plain).unwrap());
+    for ((name, read), (_, not_read)) in scores.iter().zip(&ignored) {
+        // create_event (tool2) has no arguments: the same text either way.
+        assert_eq!(
+            name == "tool2",
+            read == not_read,
+            "{name}: {read} vs {not_read}"
+        );
     }
 }
 

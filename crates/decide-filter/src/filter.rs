@@ -190,8 +190,8 @@ impl FilteringToolProvider {
 
     /// The decision requests for `candidates`: one per batch of `max_tools_per_decision_request` tools, each with
     /// the whole `input` and one yes/no question per tool, named `tool0`, `tool1`, … (restarting in every batch),
-    /// whose text is the rendered template and whose candidate is the tool's name and description, so that an engine
-    /// can score the tool itself.
+    /// whose text is the rendered template and whose candidate is the tool's name, description and parameter names,
+    /// so that an engine can score the tool itself.
     pub fn decision_requests(
         &self,
         input: &DecisionInput,
@@ -211,6 +211,7 @@ impl FilteringToolProvider {
                             tool.name.clone(),
                             tool.description.clone().unwrap_or_default(),
                         )
+                        .parameters(tool.parameter_names())
                         .build()?;
                     builder = builder.question(format!("tool{i}"), question);
                 }

@@ -30,7 +30,10 @@ fn tool(name: &str, description: &str) -> ToolSpecification {
 fn catalogue() -> Vec<ToolSpecification> {
     vec![
         tool("send_email", "Send an email to someone"),
-        tool("get_weather", "Current weather for a city"),
+        tool("get_weather", "Current weather for a city").with_parameters(serde_json::json!({
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "units": {"type": "string"}}
+        })),
         tool("create_invoice", "Create an invoice for a customer"),
         ToolSpecification::new("get_forecast"),
     ]
@@ -1165,12 +1168,15 @@ fn the_default_question_names_the_tool_and_carries_it_as_the_candidate() {
     let candidate = weather.candidate().unwrap();
     assert_eq!(candidate.name, "get_weather");
     assert_eq!(candidate.description, "Current weather for a city");
+    // The argument names go along, for a model that reads them.
+    assert_eq!(candidate.parameters, ["city", "units"]);
     let forecast = request.question("tool3").unwrap().as_yes_no().unwrap();
     assert_eq!(
         forecast.text(),
         "Would this tool help to handle the request?\nTool: get_forecast\nDescription:"
     );
     assert_eq!(forecast.candidate().unwrap().name, "get_forecast");
+    assert!(forecast.candidate().unwrap().parameters.is_empty());
 }
 
 #[test]

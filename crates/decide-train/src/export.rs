@@ -137,6 +137,9 @@ pub struct ModelMeta {
     pub license: Option<String>,
     /// The base model's lexical weight (hybrid scoring), kept so that scores mean the same.
     pub lexical_weight: Option<f64>,
+    /// Whether the training texts carried the tools' parameter names, as the model's texts
+    /// must then do too.
+    pub tool_parameters: bool,
     /// The Platt scaling, once fitted.
     pub calibration: Option<Calibration>,
     /// The `[training]` table: data hashes, hyper-parameters, epochs, where the calibration
@@ -160,7 +163,10 @@ pub fn write_manifest(dir: &Path, meta: &ModelMeta) -> Result<()> {
         max_length: meta.max_length,
         license: meta.license.clone(),
         calibration: meta.calibration,
-        scoring: meta.lexical_weight.map(|w| Scoring { lexical_weight: w }),
+        scoring: (meta.lexical_weight.is_some() || meta.tool_parameters).then(|| Scoring {
+            lexical_weight: meta.lexical_weight.unwrap_or(0.0),
+            tool_parameters: meta.tool_parameters,
+        }),
         training: Some(training),
         build: None,
         conformal: None,
@@ -206,6 +212,7 @@ mod tests {
             max_length: 256,
             license: Some("apache-2.0".into()),
             lexical_weight: Some(0.6),
+            tool_parameters: false,
             calibration: Some(Calibration { a: 10.5, b: -5.25 }),
             training,
         };
@@ -230,6 +237,20 @@ mod tests {
             ..meta
         };
         assert_eq!(written(&meta), expected("cross-encoder", "", "", ""));
+        // Texts with parameters are a scoring setting of their own, with or without a weight.
+        let meta = ModelMeta {
+            tool_parameters: true,
+            ..meta
+        };
+        assert_eq!(
+            written(&meta),
+            expected(
+                "cross-encoder",
+                "",
+                "",
+                "[scoring]\nlexical_weight = 0.0\ntool_parameters = true\n\n"
+            )
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -756,6 +756,7 @@ mod tests {
             max_length: 32,
             license: None,
             lexical_weight: None,
+            tool_parameters: false,
             calibration: Some(Calibration { a: 10.0, b: -5.0 }),
             training: hyper(7, 20).to_toml(),
         };
@@ -877,6 +878,7 @@ mod tests {
             max_length: 32,
             license: None,
             lexical_weight: None,
+            tool_parameters: false,
             calibration: None,
             training: cross_hyper(5, epochs).to_toml(),
         };

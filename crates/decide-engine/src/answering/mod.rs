@@ -17,7 +17,7 @@ mod cascade;
 mod plan;
 
 pub use cascade::{Cascade, DEFAULT_TOP_K};
-pub use plan::candidate_text;
+pub use plan::{candidate_text, tool_text, MAX_TEXT_PARAMETERS};
 pub(crate) use plan::{plan, respond, yes_no_raw, Plan};
 
 /// A decision model whose answers are calibrated raw scores: what reports, calibration and
@@ -48,6 +48,11 @@ pub trait Scorer: DecisionModel {
     /// The weight of BM25 in its hybrid scores (0: none).
     fn lexical_weight(&self) -> f64 {
         0.0
+    }
+
+    /// Whether a tool's text carries its parameter names ([`tool_text`]).
+    fn tool_parameters(&self) -> bool {
+        false
     }
 
     /// The folder of the model, where its manifest lives; `None` for a model without files.

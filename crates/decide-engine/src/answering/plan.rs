@@ -15,11 +15,26 @@ use crate::calibration::{sigmoid, softmax, Calibration};
 /// The text a candidate is scored as: `name: description`, or the name alone when the
 /// description adds nothing.
 pub fn candidate_text(name: &str, description: &str) -> String {
+    tool_text(name, description, &[])
+}
+
+/// The most parameter names a tool's text carries: a long schema would crowd the description
+/// out of the model's input.
+pub const MAX_TEXT_PARAMETERS: usize = 10;
+
+/// The text a tool is scored as by a model that reads its parameters (`[scoring]
+/// tool_parameters` in its manifest): [`candidate_text`] followed by the first
+/// [`MAX_TEXT_PARAMETERS`] names in brackets, `get_forecast: Get the forecast. (latitude,
+/// longitude)`, which reads like the call the tool is.
+pub fn tool_text(name: &str, description: &str, parameters: &[String]) -> String {
     let description = description.trim();
-    if description.is_empty() || description == name {
-        name.to_string()
-    } else {
-        format!("{name}: {description}")
+    let described = !(description.is_empty() || description == name);
+    let shown = parameters.len().min(MAX_TEXT_PARAMETERS);
+    match (described, shown) {
+        (false, 0) => name.to_string(),
+        (true, 0) => format!("{name}: {description}"),
+        (false, _) => format!("{name}: ({})", parameters[..shown].join(", ")),
+        (true, _) => format!("{name}: {description} ({})", parameters[..shown].join(", ")),
     }
 }
 
@@ -46,7 +61,8 @@ impl Documents {
     }
 }
 
-pub(crate) fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
+/// With `parameters`, a candidate's text carries its parameter names ([`tool_text`]).
+pub(crate) fn plan(request: &DecisionRequest, parameters: bool) -> (Documents, Vec<Plan>) {
     let mut docs = Documents::default();
     let mut plans = Vec::new();
     for question in request.questions().values() {
@@ -54,6 +70,9 @@ pub(crate) fn plan(request: &DecisionRequest) -> (Documents, Vec<Plan>) {
             Question::YesNo(q) => {
                 let yes = match (q.yes_when(), q.candidate()) {
                     (Some(when), _) => when.to_string(),
+                    (None, Some(c)) if parameters => {
+                        tool_text(&c.name, &c.description, &c.parameters)
+                    }
                     (None, Some(c)) => candidate_text(&c.name, &c.description),
                     (None, None) => q.text().to_string(),
                 };
@@ -181,4 +200,61 @@ pub(crate) fn respond(
         response = response.answer(name.clone(), answer(question, plan, raw, calibration)?);
     }
     response.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use decide_contract::YesNoQuestion;
+
+    use super::*;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("p{i}")).collect()
+    }
+
+    #[test]
+    fn a_tools_text_reads_like_its_call() {
+        let two = ["latitude".to_string(), "longitude".to_string()];
+        assert_eq!(
+            tool_text("get_forecast", " Get the forecast. ", &two),
+            "get_forecast: Get the forecast. (latitude, longitude)"
+        );
+        // Without a description worth reading, the arguments follow the name.
+        assert_eq!(tool_text("now", "", &two), "now: (latitude, longitude)");
+        assert_eq!(tool_text("now", "now", &two), "now: (latitude, longitude)");
+        // Without arguments it is the candidate's text.
+        assert_eq!(
+            tool_text("now", "The time", &[]),
+            candidate_text("now", "The time")
+        );
+        assert_eq!(tool_text("now", " ", &[]), "now");
+    }
+
+    #[test]
+    fn a_long_schema_shows_its_first_names_only() {
+        let text = tool_text("t", "d", &names(MAX_TEXT_PARAMETERS + 5));
+        let shown = names(MAX_TEXT_PARAMETERS).join(", ");
+        assert_eq!(text, format!("t: d ({shown})"));
+    }
+
+    #[test]
+    fn a_plan_reads_the_parameters_only_when_asked() {
+        let question = YesNoQuestion::builder("Relevant?")
+            .candidate("read_file", "Read a file")
+            .parameters(["path"])
+            .build()
+            .unwrap();
+        let request = DecisionRequest::builder()
+            .input(decide_contract::DecisionInput::Text(
+                "open notes.txt".into(),
+            ))
+            .question("tool0", question)
+            .build()
+            .unwrap();
+        assert_eq!(
+            plan(&request, true).0.refs(),
+            ["read_file: Read a file (path)"]
+        );
+        assert_eq!(plan(&request, false).0.refs(), ["read_file: Read a file"]);
+    }
 }

@@ -36,6 +36,7 @@ pub struct EngineBuilder {
     cache_bytes: usize,
     calibration: Option<Calibration>,
     lexical_weight: Option<f64>,
+    tool_parameters: Option<bool>,
     allow_uncalibrated: bool,
     cpu_kernels: CpuKernels,
 }
@@ -52,6 +53,7 @@ impl Default for EngineBuilder {
             cache_bytes: DEFAULT_CACHE_BYTES,
             calibration: None,
             lexical_weight: None,
+            tool_parameters: None,
             allow_uncalibrated: false,
             cpu_kernels: CpuKernels::Auto,
         }
@@ -115,6 +117,14 @@ impl EngineBuilder {
     /// fitted for one weight: change both together.
     pub fn lexical_weight(mut self, weight: f64) -> Self {
         self.lexical_weight = Some(weight);
+        self
+    }
+
+    /// Whether a tool's text carries its parameter names ([`crate::tool_text`]); default: the
+    /// manifest's `[scoring] tool_parameters`, else no. A model reads best the texts it was
+    /// chosen and calibrated with: change the calibration too.
+    pub fn tool_parameters(mut self, on: bool) -> Self {
+        self.tool_parameters = Some(on);
         self
     }
 
@@ -289,13 +299,11 @@ impl Engine {
             },
         )?;
 
-        let manifest_weight = location
-            .manifest
-            .as_ref()
-            .and_then(|m| m.scoring.as_ref())
-            .map(|s| s.lexical_weight)
-            .unwrap_or(0.0);
+        let manifest_scoring = location.manifest.as_ref().and_then(|m| m.scoring);
+        let manifest_weight = manifest_scoring.map(|s| s.lexical_weight).unwrap_or(0.0);
         let lexical_weight = options.lexical_weight.unwrap_or(manifest_weight);
+        let manifest_parameters = manifest_scoring.is_some_and(|s| s.tool_parameters);
+        let tool_parameters = options.tool_parameters.unwrap_or(manifest_parameters);
         // The table holds the probabilities of the manifest's calibration over the manifest's
         // scores: another calibration or weight makes other probabilities, and its thresholds
         // would promise a recall nobody measured.
@@ -303,7 +311,11 @@ impl Engine {
             .manifest
             .as_ref()
             .and_then(|m| m.conformal.clone())
-            .filter(|_| options.calibration.is_none() && lexical_weight == manifest_weight);
+            .filter(|_| {
+                options.calibration.is_none()
+                    && lexical_weight == manifest_weight
+                    && tool_parameters == manifest_parameters
+            });
         let info = ModelInfo {
             name: location.name.clone(),
             hf_id: location.manifest.as_ref().map(|m| m.hf_id.clone()),
@@ -322,6 +334,7 @@ impl Engine {
             },
             calibration,
             lexical_weight,
+            tool_parameters,
             conformal,
         };
         tracing::debug!(model = %info.name, dir = %dir.display(), head = info.head.as_str(), "model loaded");

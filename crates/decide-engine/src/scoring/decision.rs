@@ -33,7 +33,7 @@ impl Engine {
 
     /// Plans the request's documents and stages their scoring against its input.
     fn stage_documents(&self, request: &DecisionRequest) -> Result<Documents, DecisionError> {
-        let (docs, plans) = plan(request);
+        let (docs, plans) = plan(request, self.tool_parameters());
         let refs = docs.refs();
         let scores = self
             .stage_input(request.input(), &refs)
@@ -162,6 +162,10 @@ impl Scorer for Engine {
 
     fn lexical_weight(&self) -> f64 {
         Engine::lexical_weight(self)
+    }
+
+    fn tool_parameters(&self) -> bool {
+        Engine::tool_parameters(self)
     }
 
     fn model_dir(&self) -> Option<&Path> {

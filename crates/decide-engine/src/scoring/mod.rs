@@ -66,6 +66,8 @@ pub struct ModelInfo {
     pub calibration: Option<Calibration>,
     /// The weight of BM25 in hybrid scoring; 0 for the model alone.
     pub lexical_weight: f64,
+    /// Whether a tool's text carries its parameter names ([`crate::tool_text`]).
+    pub tool_parameters: bool,
     /// The manifest's conformal table (see [`Engine::conformal`]), if it has one and it holds
     /// for the calibration and lexical weight in use.
     pub conformal: Option<Conformal>,
@@ -221,11 +223,17 @@ impl Engine {
         self.inner.info.lexical_weight
     }
 
+    /// Whether a tool's text carries its parameter names ([`crate::tool_text`]): the
+    /// manifest's `[scoring] tool_parameters` unless [`EngineBuilder::tool_parameters`] said.
+    pub fn tool_parameters(&self) -> bool {
+        self.inner.info.tool_parameters
+    }
+
     /// The conformal table of the manifest (`[conformal]`, written by `decide calibrate`): the
     /// probabilities of the needed tools of held-out cases, which turn a target recall into a
     /// threshold ([`Conformal::threshold`]). `None` when the manifest has none, or when
-    /// [`EngineBuilder::calibration`] or [`EngineBuilder::lexical_weight`] changed the
-    /// probabilities it was computed for.
+    /// [`EngineBuilder::calibration`], [`EngineBuilder::lexical_weight`] or
+    /// [`EngineBuilder::tool_parameters`] changed the probabilities it was computed for.
     pub fn conformal(&self) -> Option<&Conformal> {
         self.inner.info.conformal.as_ref()
     }
