@@ -204,7 +204,9 @@ fn input_messages(input: &DecisionInput) -> Option<Vec<(String, String)>> {
 }
 
 /// The text the engine scores a candidate as (the same rule as decide-engine's
-/// `candidate_text`), so that a candidate sent as a criterion is read the same way.
+/// `candidate_text`), so that a candidate sent as a criterion is read the same way. Its
+/// parameter names stay out: neither wire format has a place for them, and a criterion is
+/// scored as it is written whatever the remote model's `tool_parameters`.
 fn candidate_text(name: &str, description: &str) -> String {
     let description = description.trim();
     if description.is_empty() || description == name {
