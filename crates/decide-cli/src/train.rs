@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_engine::{candidate_text, registry, tool_text, Calibration};
+use decide_engine::{registry, tool_text, Calibration};
 use decide_train::{
     file_sha256, write_manifest, Example, ExampleSpool, Hyper, ModelMeta, TrainHead, Trainer,
 };
@@ -296,12 +296,13 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         let mut positives = Vec::new();
         let mut candidates = Vec::with_capacity(case.tools.len());
         for tool in &case.tools {
-            let description = tool.description.as_deref().unwrap_or("");
-            let text = if tool_parameters {
-                tool_text(&tool.name, description, &tool.parameter_names())
+            let arguments = if tool_parameters {
+                tool.parameter_names()
             } else {
-                candidate_text(&tool.name, description)
+                Vec::new()
             };
+            let description = tool.description.as_deref().unwrap_or("");
+            let text = tool_text(&tool.name, description, &arguments);
             let next = documents.len();
             let idx = *doc_index.entry(text.clone()).or_insert(next);
             if idx == next {

@@ -70,10 +70,10 @@ pub(crate) fn plan(request: &DecisionRequest, parameters: bool) -> (Documents, V
             Question::YesNo(q) => {
                 let yes = match (q.yes_when(), q.candidate()) {
                     (Some(when), _) => when.to_string(),
-                    (None, Some(c)) if parameters => {
-                        tool_text(&c.name, &c.description, &c.parameters)
+                    (None, Some(c)) => {
+                        let read: &[String] = if parameters { &c.parameters } else { &[] };
+                        tool_text(&c.name, &c.description, read)
                     }
-                    (None, Some(c)) => candidate_text(&c.name, &c.description),
                     (None, None) => q.text().to_string(),
                 };
                 Plan::YesNo {
