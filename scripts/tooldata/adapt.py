@@ -5,6 +5,7 @@ the general training cases.
     python3 scripts/tooldata/adapt.py --data target/tool-model/data --eval-data crates/decide-eval/data \
         --no-tool scripts/tooldata/no-tool.jsonl --tools examples/tools.json --out OUT \
         [--replay 1000] [--repeat 4] [--seed 42] [--folds 2 --fold I] [--extra BFCL/bfcl.jsonl]
+        [--mcp CASES.jsonl CATALOGUE.json]
 
 The general sets (MetaTool, Seal-Tools, API-Bank, StableToolBench) teach the model what a request
 for a tool looks like, but their tools read like plugin-store and REST descriptions. The tools a
@@ -13,7 +14,8 @@ servers. This stage continues training on the MCP conversations the project may 
 tuning parts of `--eval-data` (`own/tune.jsonl` against its 62-tool catalogue and
 `livemcpbench/tune.jsonl` against all 526 tools, so the hard negatives are the real near misses)
 and the hand-written no-tool conversations of `--no-tool` (against `--tools`), each repeated
-`--repeat` times, mixed with `--replay` cases drawn from `--data`'s `train.jsonl` so the general
+`--repeat` times, with any more such conversations given by `--mcp` (the ones written for
+this stage against the two catalogues, `scripts/tooldata/written/`), mixed with `--replay` cases drawn from `--data`'s `train.jsonl` so the general
 sets are not forgotten. `--extra` adds cases that carry their own tools (scripts/tooldata/bfcl.py's
 `bfcl.jsonl`), each once.
 
@@ -32,7 +34,9 @@ Deterministic: the same inputs, options and seed give byte-identical files.
 """
 
 import argparse
+import glob
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +51,8 @@ def mcp_sets(inputs: Inputs, args) -> list[tuple[str, list[dict], list[dict]]]:
               os.path.join(args.eval_data, part, "catalogue.json"), f"eval-data/{part}/catalogue.json")
              for part in ("own", "livemcpbench")]
     parts.append(("no-tool", args.no_tool, "no-tool", args.tools, "tools"))
+    for n, (cases_path, catalogue_path) in enumerate(args.mcp):
+        parts.append((f"mcp{n}", cases_path, f"mcp{n}", catalogue_path, f"mcp{n}-catalogue"))
     sets = []
     for source, cases_path, cases_label, catalogue_path, catalogue_label in parts:
         catalogue = inputs.catalogue(catalogue_path, catalogue_label)
@@ -58,6 +64,37 @@ def mcp_sets(inputs: Inputs, args) -> list[tuple[str, list[dict], list[dict]]]:
                     raise Fail(f"{cases_path}:{c['_line']}: expected: unknown tool {n!r}")
         sets.append((source, cases, catalogue))
     return sets
+
+
+# Word overlap of two last user messages at which a written conversation counts as a copy of a
+# held-back one: "thanks, that's all" is written often enough by anyone, a request with the same
+# city, file and wording is not.
+NEAR_COPY = 0.6
+
+
+def last_user_words(case: dict) -> frozenset:
+    content = next((m.get("content") for m in reversed(case["messages"]) if m.get("role") == "user"), "")
+    if isinstance(content, list):
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return frozenset(re.findall(r"[a-z0-9]+", (content or "").lower()))
+
+
+def check_not_near_copies(inputs: Inputs, args) -> None:
+    """Fails on a `--mcp` case whose last user message is a near copy of one in a report part or
+    a `--held-back` file: written conversations must not bring what is measured into training."""
+    if not args.mcp:
+        return
+    held = []
+    paths = sorted(glob.glob(os.path.join(args.eval_data, "*", "report.jsonl"))) + args.held_back
+    for n, path in enumerate(paths):
+        held += [last_user_words(c) for c in inputs.cases(path, f"held-back{n}")]
+    for cases_path, _ in args.mcp:
+        for c in inputs.cases(cases_path, "near-copy check"):
+            words = last_user_words(c)
+            overlap = max((len(words & h) / len(words | h) for h in held if words | h), default=0.0)
+            if overlap >= NEAR_COPY:
+                raise Fail(f"{cases_path}:{c['_line']}: a near copy of a held-back conversation "
+                           f"(word overlap {overlap:.2f}); rewrite or drop it")
 
 
 def main(argv: list[str]) -> int:
@@ -72,6 +109,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--extra", action="append", default=[], metavar="FILE.jsonl",
                         help="more cases, each with its own \"tools\", taken once (repeat)")
+    parser.add_argument("--mcp", nargs=2, action="append", default=[], metavar=("CASES.jsonl", "CATALOGUE.json"),
+                        help="more MCP conversations against a catalogue, repeated like the tuning parts (repeat)")
+    parser.add_argument("--held-back", action="append", default=[], metavar="CASES.jsonl",
+                        help="conversations never trained on (besides the report parts), which no --mcp case may copy")
     parser.add_argument("--folds", type=int, default=0, help="deal the MCP cases into this many folds")
     parser.add_argument("--fold", type=int, default=0, help="the fold held out (0-based)")
     args = parser.parse_args(argv)
@@ -81,6 +122,7 @@ def main(argv: list[str]) -> int:
         raise Fail(f"--fold {args.fold} of --folds {args.folds}: need at least 2 folds and 0 <= fold < folds")
 
     inputs = Inputs()
+    check_not_near_copies(inputs, args)
     train_path = os.path.join(args.data, "train.jsonl")
     general = [c for c in inputs.cases(train_path, "train.jsonl")
                # The LiveMCPBench tune cases are in the MCP mix already, against the whole catalogue.

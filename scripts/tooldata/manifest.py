@@ -239,6 +239,20 @@ def training_table(trained: dict, where: str) -> tuple[dict, list[tuple[str, obj
     return training, kept
 
 
+def delta_storage(path: str, base: str) -> str:
+    """How the delta stores its differences, for the comments: float16, or its matrices as int8
+    rows (`models/build.py extract --int8`, which lists them under the metadata's "int8")."""
+    raw = read_bytes(path)
+    try:
+        size = int.from_bytes(raw[:8], "little")
+        metadata = json.loads(raw[8:8 + size]).get("__metadata__") or {}
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise Fail(f"{path}: not a safetensors file") from None
+    if metadata.get("int8"):
+        return f"differences from {base}'s, the matrices as int8 rows with a scale each, the rest as float16"
+    return f"float16 differences from {base}'s"
+
+
 def template(args) -> str:
     base_manifest_path = os.path.join(ROOT, "models", args.base, "manifest.toml")
     base = read_toml(base_manifest_path)
@@ -284,16 +298,18 @@ def template(args) -> str:
         what = "its encoder was fine-tuned"
 
     delta_name = os.path.basename(args.delta)
+    storage = delta_storage(args.delta, args.base)
     paragraphs = [
         f"{args.name}: {args.base} fine-tuned to choose tools, used as a {base['head']}: {what} by "
         "`decide train` on public tool-selection data (MetaTool, Seal-Tools, API-Bank, "
         "StableToolBench, LiveMCPBench's tune part), some tools of each set held out"
         + ("; then, from that model, on MCP conversations (the tune parts of crates/decide-eval/data, "
-           "against their whole catalogues) and the Berkeley Function Calling Leaderboard's live "
+           "and conversations written for their catalogues, against the whole catalogues) and "
+           "the Berkeley Function Calling Leaderboard's live "
            "and multi-turn cases, with a replay of those cases."
            if earlier is not None else "."),
-        "Built, not downloaded: the repository keeps only the trained tensors, as float16 "
-        f"differences from {args.base}'s, in {delta_name}; models/fetch fetches the base and runs "
+        f"Built, not downloaded: the repository keeps only the trained tensors, as {storage}, "
+        f"in {delta_name}; models/fetch fetches the base and runs "
         "`models/build.py assemble` (see [build]), then checks every file against [files]. "
         f"scripts/train-tool-model reproduces {delta_name} and this manifest from the data.",
         "The calibration and the conformal table were fitted by `decide calibrate` on held-out "
@@ -354,7 +370,7 @@ def template(args) -> str:
         ], args.earlier)
     text += table("build", [("base", args.base), ("delta", delta_name), ("delta_sha256", delta_sha256)], [
         f"models/fetch builds the model with `models/build.py assemble` from models/{args.base}/",
-        f"and {delta_name} (float16 differences from the base's tensors), after checking its sha256.",
+        f"and {delta_name} (described above), after checking its sha256.",
     ], args.delta)
     text += "\n# sha256 of each built file, checked by models/fetch once it has built them.\n[files]\n"
     text += files_lines(hashes)

@@ -95,6 +95,31 @@ class Adapt(unittest.TestCase):
         self.assertEqual(done.returncode, 2)
         self.assertIn("extra.jsonl:1: tools: each --extra case needs its own tools", done.stderr)
 
+    def test_written_mcp_cases_are_repeated_against_their_catalogue_and_may_not_copy_a_held_back_one(self):
+        (self.root / "cat.json").write_text(json.dumps({"tools": [{"name": "send_email", "description": "s"},
+                                                                 {"name": "read_file", "description": "r"}]}))
+        write_jsonl(self.root / "written.jsonl",
+                    [case("w0", ["send_email"], "mail the minutes to Ana please"), case("w1", [], "thanks a lot")])
+        write_jsonl(self.root / "held.jsonl", [case("h0", ["read_file"], "open notes.txt in my home folder")])
+        mcp = ["--mcp", str(self.root / "written.jsonl"), str(self.root / "cat.json"),
+               "--held-back", str(self.root / "held.jsonl")]
+        self.assertEqual(self.run_adapt("w", *mcp).returncode, 0)
+        rows = self.lines("w", "adapt.jsonl")
+        self.assertEqual(len(rows), 5 + 3 * (9 + 9 + 4 + 2))
+        w0 = [r for r in rows if r["id"].split("~")[0] == "w0"]
+        self.assertEqual(len(w0), 3)
+        self.assertEqual([t["name"] for t in w0[0]["tools"]], ["send_email", "read_file"])
+        # A written request with the same words as a held-back one (here a report part's) is refused.
+        write_jsonl(self.root / "written.jsonl",
+                    [case("w0", ["send_email"], "mail Ana"), case("w1", ["read_file"], "Request own-report, please!")])
+        done = self.run_adapt("x", *mcp)
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("written.jsonl:2: a near copy of a held-back conversation (word overlap 0.75)", done.stderr)
+        write_jsonl(self.root / "written.jsonl", [case("w0", ["read_file"], "open notes.txt in my home folder now")])
+        done = self.run_adapt("y", *mcp)
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("written.jsonl:1: a near copy of a held-back conversation (word overlap 0.88)", done.stderr)
+
     def test_bad_input_is_a_one_line_error(self):
         write_jsonl(self.root / "eval" / "own" / "tune.jsonl", [case("own-1", ["missing_tool"])])
         done = self.run_adapt("c")
