@@ -15,8 +15,9 @@ tuning parts of `--eval-data` (`own/tune.jsonl` against its 62-tool catalogue an
 `livemcpbench/tune.jsonl` against all 526 tools, so the hard negatives are the real near misses)
 and the hand-written no-tool conversations of `--no-tool` (against `--tools`), each repeated
 `--repeat` times, with any more such conversations given by `--mcp` (the ones written for
-this stage against the two catalogues, `scripts/tooldata/written/`), mixed with `--replay` cases drawn from `--data`'s `train.jsonl` so the general
-sets are not forgotten. `--extra` adds cases that carry their own tools (scripts/tooldata/bfcl.py's
+this stage against the two catalogues, `scripts/tooldata/written/`, which may not copy a report
+part or a `--held-back` conversation), mixed with `--replay` cases drawn from `--data`'s
+`train.jsonl` so the general sets are not forgotten. `--extra` adds cases that carry their own tools (scripts/tooldata/bfcl.py's
 `bfcl.jsonl`), each once.
 
 Writes to `--out`:
@@ -53,10 +54,13 @@ def mcp_sets(inputs: Inputs, args) -> list[tuple[str, list[dict], list[dict]]]:
     parts.append(("no-tool", args.no_tool, "no-tool", args.tools, "tools"))
     for n, (cases_path, catalogue_path) in enumerate(args.mcp):
         parts.append((f"mcp{n}", cases_path, f"mcp{n}", catalogue_path, f"mcp{n}-catalogue"))
+    held = held_back_words(inputs, args) if args.mcp else []
     sets = []
     for source, cases_path, cases_label, catalogue_path, catalogue_label in parts:
         catalogue = inputs.catalogue(catalogue_path, catalogue_label)
         cases = inputs.cases(cases_path, cases_label)
+        if source.startswith("mcp"):
+            check_not_near_copies(cases_path, cases, held)
         names = {t["name"] for t in catalogue}
         for c in cases:
             for n in c["expected"]:
@@ -79,22 +83,21 @@ def last_user_words(case: dict) -> frozenset:
     return frozenset(re.findall(r"[a-z0-9]+", (content or "").lower()))
 
 
-def check_not_near_copies(inputs: Inputs, args) -> None:
-    """Fails on a `--mcp` case whose last user message is a near copy of one in a report part or
-    a `--held-back` file: written conversations must not bring what is measured into training."""
-    if not args.mcp:
-        return
-    held = []
+def held_back_words(inputs: Inputs, args) -> list[frozenset]:
+    """The last user messages no `--mcp` case may copy: every report part's and `--held-back`'s."""
     paths = sorted(glob.glob(os.path.join(args.eval_data, "*", "report.jsonl"))) + args.held_back
-    for n, path in enumerate(paths):
-        held += [last_user_words(c) for c in inputs.cases(path, f"held-back{n}")]
-    for cases_path, _ in args.mcp:
-        for c in inputs.cases(cases_path, "near-copy check"):
-            words = last_user_words(c)
-            overlap = max((len(words & h) / len(words | h) for h in held if words | h), default=0.0)
-            if overlap >= NEAR_COPY:
-                raise Fail(f"{cases_path}:{c['_line']}: a near copy of a held-back conversation "
-                           f"(word overlap {overlap:.2f}); rewrite or drop it")
+    return [last_user_words(c) for n, path in enumerate(paths) for c in inputs.cases(path, f"held-back{n}")]
+
+
+def check_not_near_copies(cases_path: str, cases: list[dict], held: list[frozenset]) -> None:
+    """Fails on a written case whose last user message is a near copy of a held-back one:
+    written conversations must not bring what is measured into training."""
+    for c in cases:
+        words = last_user_words(c)
+        overlap = max((len(words & h) / len(words | h) for h in held if words | h), default=0.0)
+        if overlap >= NEAR_COPY:
+            raise Fail(f"{cases_path}:{c['_line']}: a near copy of a held-back conversation "
+                       f"(word overlap {overlap:.2f}); rewrite or drop it")
 
 
 def main(argv: list[str]) -> int:
@@ -122,7 +125,6 @@ def main(argv: list[str]) -> int:
         raise Fail(f"--fold {args.fold} of --folds {args.folds}: need at least 2 folds and 0 <= fold < folds")
 
     inputs = Inputs()
-    check_not_near_copies(inputs, args)
     train_path = os.path.join(args.data, "train.jsonl")
     general = [c for c in inputs.cases(train_path, "train.jsonl")
                # The LiveMCPBench tune cases are in the MCP mix already, against the whole catalogue.

@@ -46,6 +46,8 @@ import tomllib
 
 PROG = "manifest.py"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "models"))
+import build  # noqa: E402  (models/build.py: the delta's format)
 
 # The source of the placeholder [conformal] table of a template; `decide calibrate` replaces it.
 PLACEHOLDER = "placeholder of scripts/tooldata/manifest.py --template: run decide calibrate"
@@ -240,15 +242,13 @@ def training_table(trained: dict, where: str) -> tuple[dict, list[tuple[str, obj
 
 
 def delta_storage(path: str, base: str) -> str:
-    """How the delta stores its differences, for the comments: float16, or its matrices as int8
-    rows (`models/build.py extract --int8`, which lists them under the metadata's "int8")."""
-    raw = read_bytes(path)
+    """How the delta stores its differences, for the comments: float16, or some matrices as int8
+    rows (`models/build.py extract --int8`, which lists them in the metadata)."""
     try:
-        size = int.from_bytes(raw[:8], "little")
-        metadata = json.loads(raw[8:8 + size]).get("__metadata__") or {}
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise Fail(f"{path}: not a safetensors file") from None
-    if metadata.get("int8"):
+        _, metadata = build.read_safetensors(path)
+    except build.BuildError as e:
+        raise Fail(str(e)) from None
+    if build.listed(metadata or {}, build.INT8_KEY):
         return f"differences from {base}'s, the matrices as int8 rows with a scale each, the rest as float16"
     return f"float16 differences from {base}'s"
 
