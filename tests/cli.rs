@@ -1340,6 +1340,132 @@ fn target_recall_selects_by_the_conformal_table_calibrate_writes() {
 }
 
 #[test]
+fn calibrate_keeps_each_conformal_source_apart() {
+    let t = TempDir::new("conformal-sources");
+    let model = scratch_model(&t);
+    let calibrate = |extra: &[&str]| {
+        let mut args = vec![
+            "--model",
+            &model,
+            "calibrate",
+            "--data",
+            "models/calibration/tools.jsonl",
+            "--tools",
+            "examples/tools.json",
+        ];
+        args.extend_from_slice(extra);
+        decide(&args)
+    };
+    let json = |o: &std::process::Output| -> serde_json::Value {
+        assert!(o.status.success(), "{}", stderr(o));
+        serde_json::from_str(stdout(o).trim()).unwrap()
+    };
+    // Two small sources: slices of the own tuning cases (with their catalogue) and of the
+    // calibration cases (with the shipped one).
+    let head = |from: &str, lines: usize, name: &str| {
+        let text = std::fs::read_to_string(root().join(from)).unwrap();
+        let path = t.0.join(name);
+        let kept: Vec<&str> = text.lines().take(lines).collect();
+        std::fs::write(&path, kept.join("\n") + "\n").unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let own = head("crates/decide-eval/data/own/tune.jsonl", 20, "own.jsonl");
+    let cal = head("models/calibration/tools.jsonl", 30, "cal.jsonl");
+    let alone = json(&calibrate(&["--json", "--dry-run"]));
+    let o = calibrate(&[
+        "--conformal-data",
+        &own,
+        "--conformal-data",
+        &cal,
+        "--conformal-tools",
+        "crates/decide-eval/data/own/catalogue.json",
+        "--conformal-tools",
+        "examples/tools.json",
+        "--json",
+    ]);
+    let report = json(&o);
+    // The Platt fit reads --data only.
+    assert_eq!(report["a"], alone["a"], "{report}");
+    assert_eq!(report["b"], alone["b"], "{report}");
+    let sources = report["conformal"]["sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 3, "{report}");
+    assert_eq!(sources[0], alone["conformal"]["sources"][0], "{report}");
+    assert_eq!(
+        sources[1]["source"].as_str(),
+        Some(format!("{own} with crates/decide-eval/data/own/catalogue.json").as_str())
+    );
+    assert_eq!(sources[1]["cases"].as_u64(), Some(20), "{report}");
+    assert_eq!(sources[2]["cases"].as_u64(), Some(30), "{report}");
+    // Each target's threshold is the lowest of the sources' own.
+    for r in ["0.9", "0.95", "0.99"] {
+        let lowest = sources
+            .iter()
+            .map(|s| s["thresholds"][r].as_f64().unwrap())
+            .fold(1.0, f64::min);
+        assert_eq!(
+            report["conformal"]["thresholds"][r].as_f64(),
+            Some(lowest),
+            "{r}: {report}"
+        );
+    }
+    let needed: u64 = sources.iter().map(|s| s["needed"].as_u64().unwrap()).sum();
+    assert_eq!(
+        report["conformal"]["needed"].as_u64(),
+        Some(needed),
+        "{report}"
+    );
+
+    // The manifest keeps them apart, and select reads them back.
+    let manifest = std::fs::read_to_string(Path::new(&model).join("manifest.toml")).unwrap();
+    assert_eq!(manifest.matches("[[conformal]]").count(), 3, "{manifest}");
+    let t90 = report["conformal"]["thresholds"]["0.9"].as_f64().unwrap();
+    let o = decide(&[
+        "--model",
+        &model,
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "--target-recall",
+        "0.9",
+        "Will it rain in Paris tomorrow?",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("target recall 0.9: min probability {t90}")),
+        "{}",
+        stdout(&o)
+    );
+    // Mistakes are named before anything is scored.
+    let o = calibrate(&["--conformal-tools", "examples/tools.json"]);
+    assert_one_line_error(&o, "--conformal-tools: given without --conformal-data");
+    let o = calibrate(&[
+        "--conformal-data",
+        "models/calibration/tools.jsonl",
+        "--conformal-data",
+        "models/calibration/tools.jsonl",
+        "--conformal-tools",
+        "examples/tools.json",
+        "--conformal-tools",
+        "examples/tools.json",
+        "--conformal-tools",
+        "examples/tools.json",
+    ]);
+    assert_one_line_error(
+        &o,
+        "--conformal-tools: give one catalogue for all --conformal-data",
+    );
+    // A source whose cases need no tool has nothing to cover.
+    let o = calibrate(&[
+        "--conformal-data",
+        "scripts/tooldata/no-tool.jsonl",
+        "--conformal-tools",
+        "examples/tools.json",
+        "--dry-run",
+    ]);
+    assert_one_line_error(&o, "scripts/tooldata/no-tool.jsonl: no case needs a tool");
+}
+
+#[test]
 fn bm25_needs_no_model_files_and_selects_by_words() {
     let o = decide(&[
         "--model",

@@ -250,6 +250,16 @@ pub struct CalibrateArgs {
     /// --data in the same order.
     #[arg(long, value_name = "CATALOGUE.json")]
     pub tools: Vec<PathBuf>,
+    /// More labelled cases whose needed tools --target-recall must cover, each file a source of
+    /// its own: the threshold for a target recall R becomes the lowest of the sources' (the
+    /// --data cases together, then each of these files), so that cases like each source's keep
+    /// R of their needed tools. The Platt fit reads --data only. Repeat for several files.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub conformal_data: Vec<PathBuf>,
+    /// A tool catalogue for --conformal-data lines that have no "tools": one for every
+    /// --conformal-data, or one per file in the same order.
+    #[arg(long, value_name = "CATALOGUE.json")]
+    pub conformal_tools: Vec<PathBuf>,
     /// Print the fit without writing it to the model's manifest.
     #[arg(long)]
     pub dry_run: bool,

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use decide_chat::ToolSpecification;
+use decide_contract::ConformalSource;
 use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest, Scoring};
 use decide_eval::Reliability;
 
@@ -17,24 +18,39 @@ use crate::input::{Case, Cases};
 use crate::score::progress;
 use crate::select::{build_filter, provider_request};
 
-/// The (data, catalogue) pairs the arguments name.
-fn inputs(args: &CalibrateArgs) -> anyhow::Result<Vec<CasesArgs>> {
-    let tools: Vec<Option<PathBuf>> = match args.tools.len() {
-        0 => vec![None; args.data.len()],
-        1 => vec![Some(args.tools[0].clone()); args.data.len()],
-        n if n == args.data.len() => args.tools.iter().cloned().map(Some).collect(),
+/// The (data, catalogue) pairs of `data` and `tools`: no catalogue, one for all files, or one
+/// per file. `flags` names the two options in errors.
+fn pairs(
+    data: &[PathBuf],
+    tools: &[PathBuf],
+    flags: (&str, &str),
+) -> anyhow::Result<Vec<CasesArgs>> {
+    let tools: Vec<Option<PathBuf>> = match tools.len() {
+        0 => vec![None; data.len()],
+        1 => vec![Some(tools[0].clone()); data.len()],
+        n if n == data.len() => tools.iter().cloned().map(Some).collect(),
         n => bail!(
-            "--tools: give one catalogue for all --data or one per --data ({} data files, {n} catalogues)",
-            args.data.len()
+            "{}: give one catalogue for all {} or one per {} ({} data files, {n} catalogues)",
+            flags.1,
+            flags.0,
+            flags.0,
+            data.len()
         ),
     };
-    Ok(args
-        .data
+    Ok(data
         .iter()
         .cloned()
         .zip(tools)
         .map(|(data, tools)| CasesArgs { data, tools })
         .collect())
+}
+
+/// `data with tools`, or `data` alone: how a manifest names where a table came from.
+fn describe(input: &CasesArgs) -> String {
+    match &input.tools {
+        Some(t) => format!("{} with {}", input.data.display(), t.display()),
+        None => input.data.display().to_string(),
+    }
 }
 
 /// The raw score of every tool of `case` and whether it is in `expected`, in catalogue order,
@@ -97,14 +113,27 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     if args.filter.target_recall.is_some() {
         bail!("--target-recall: not used by calibrate, which writes the table it reads");
     }
-    let inputs = inputs(&args)?;
+    let inputs = pairs(&args.data, &args.tools, ("--data", "--tools"))?;
+    if args.conformal_data.is_empty() && !args.conformal_tools.is_empty() {
+        bail!("--conformal-tools: given without --conformal-data");
+    }
+    let more = pairs(
+        &args.conformal_data,
+        &args.conformal_tools,
+        ("--conformal-data", "--conformal-tools"),
+    )?;
     // Every file is read (and its errors reported) before the model loads.
     let readers = inputs
         .iter()
         .map(Cases::open)
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let more_readers = more
+        .iter()
+        .map(Cases::open)
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let model = global.decider(true)?;
-    let bar = progress(readers.iter().map(|r| r.total).sum(), "scoring");
+    let total = readers.iter().chain(&more_readers).map(|r| r.total).sum();
+    let bar = progress(total, "scoring");
     let mut scores = Vec::new();
     let mut labels = Vec::new();
     let mut cases = 0;
@@ -122,6 +151,25 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
             bar.inc(1);
         }
     }
+    // The raw scores of the needed tools of each --conformal-data file, and its case count.
+    let mut more_needed: Vec<(Vec<f64>, usize)> = Vec::new();
+    for reader in more_readers {
+        let (mut needed, mut read) = (Vec::new(), 0);
+        for next in reader {
+            let (at, case) = next?;
+            let Some(expected) = &case.expected else {
+                bail!("{at}: expected: missing (a conformal source needs labels)");
+            };
+            for (s, label) in case_pairs(&model, &case, expected, &args.filter, &at)? {
+                if label {
+                    needed.push(s);
+                }
+            }
+            read += 1;
+            bar.inc(1);
+        }
+        more_needed.push((needed, read));
+    }
     bar.finish_and_clear();
     let files = args
         .data
@@ -138,15 +186,8 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         a: round4(fit.a),
         b: round4(fit.b),
     };
-    let source = inputs
-        .iter()
-        .map(|i| match &i.tools {
-            Some(t) => format!("{} with {}", i.data.display(), t.display()),
-            None => i.data.display().to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let Some(conformal) = Conformal::from_needed(
+    let source = inputs.iter().map(describe).collect::<Vec<_>>().join(", ");
+    let Some(first) = ConformalSource::from_needed(
         scores
             .iter()
             .zip(&labels)
@@ -155,7 +196,20 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     ) else {
         bail!("{files}: a needed tool's probability is not a number");
     };
-    let conformal = conformal.with_cases(cases).with_source(source);
+    let mut sources = vec![first.with_cases(cases).with_source(source)];
+    for ((needed, read), input) in more_needed.into_iter().zip(&more) {
+        let at = input.data.display();
+        if needed.is_empty() {
+            bail!("{at}: no case needs a tool, so it has nothing for --target-recall to cover");
+        }
+        let Some(table) =
+            ConformalSource::from_needed(needed.iter().map(|s| stored.probability(*s)))
+        else {
+            bail!("{at}: a needed tool's probability is not a number");
+        };
+        sources.push(table.with_cases(read).with_source(describe(input)));
+    }
+    let conformal = Conformal::from_sources(sources).expect("the --data cases are a source");
     let thresholds = SHOWN_RECALLS
         .iter()
         .map(|&r| Ok((r, conformal.threshold(r)?)))
@@ -192,8 +246,12 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
             "log_loss": loss_after, "ece": after.ece,
             "log_loss_before": loss_before, "ece_before": before_rel.as_ref().map(|r| r.ece),
             "conformal": {
-                "needed": conformal.len(), "cases": cases,
-                "thresholds": thresholds.iter().map(|(r, t)| (r.to_string(), serde_json::json!(t))).collect::<serde_json::Map<_, _>>(),
+                "needed": conformal.len(), "cases": conformal.cases(),
+                "thresholds": recall_map(&thresholds),
+                "sources": conformal.sources().iter().map(|s| Ok(serde_json::json!({
+                    "source": s.source(), "needed": s.len(), "cases": s.cases(),
+                    "thresholds": recall_map(&source_thresholds(s)?),
+                }))).collect::<anyhow::Result<Vec<_>>>()?,
             },
             "written": written.as_ref().map(|p| p.display().to_string()),
         });
@@ -219,21 +277,36 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         "  after:  a = {:.4}, b = {:.4}   log loss {loss_after:.4}   ECE {:.4}",
         fit.a, fit.b, after.ece
     )?;
-    let shown: Vec<String> = thresholds
-        .iter()
-        .map(|(r, t)| format!("{t:.4} for recall {r}"))
-        .collect();
-    writeln!(
-        out,
-        "  conformal: {} needed tools: threshold {}",
-        conformal.len(),
-        shown.join(", ")
-    )?;
+    if let [_, _, ..] = conformal.sources() {
+        for s in conformal.sources() {
+            writeln!(
+                out,
+                "  conformal source {}: {} needed tools of {} cases: threshold {}",
+                s.source(),
+                s.len(),
+                s.cases(),
+                shown(&source_thresholds(s)?)
+            )?;
+        }
+        writeln!(
+            out,
+            "  conformal, the lowest of the {} sources: threshold {}",
+            conformal.sources().len(),
+            shown(&thresholds)
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  conformal: {} needed tools: threshold {}",
+            conformal.len(),
+            shown(&thresholds)
+        )?;
+    }
     match written {
         Some(path) => writeln!(out, "written to {}", path.display())?,
         None => writeln!(
             out,
-            "[calibration]\na = {:.4}\nb = {:.4}\n\n[conformal]\n{}",
+            "[calibration]\na = {:.4}\nb = {:.4}\n\n{}",
             round4(fit.a),
             round4(fit.b),
             registry::conformal_toml(&conformal)
@@ -243,6 +316,29 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         writeln!(out, "reliability plot: {}", path.display())?;
     }
     Ok(())
+}
+
+/// A source's own thresholds for [`SHOWN_RECALLS`].
+fn source_thresholds(source: &ConformalSource) -> anyhow::Result<Vec<(f64, f64)>> {
+    Ok(SHOWN_RECALLS
+        .iter()
+        .map(|&r| Ok((r, source.threshold(r)?)))
+        .collect::<Result<_, decide_contract::InvalidTargetRecall>>()?)
+}
+
+fn recall_map(thresholds: &[(f64, f64)]) -> serde_json::Map<String, serde_json::Value> {
+    thresholds
+        .iter()
+        .map(|(r, t)| (r.to_string(), serde_json::json!(t)))
+        .collect()
+}
+
+fn shown(thresholds: &[(f64, f64)]) -> String {
+    thresholds
+        .iter()
+        .map(|(r, t)| format!("{t:.4} for recall {r}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn round4(x: f64) -> f64 {

@@ -94,7 +94,11 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
             report.threshold,
             c.len(),
             c.cases(),
-            if c.source().is_empty() { "unknown data" } else { c.source() }
+            match c.source() {
+                s if s.is_empty() => "unknown data".to_string(),
+                s if c.sources().len() > 1 => format!("{s}, the lowest of their thresholds"),
+                s => s,
+            }
         )?,
         _ => writeln!(out, "threshold {} (--min-probability)", report.threshold)?,
     }

@@ -11,19 +11,36 @@
 //! (case, candidate) pairs, which is what a tool filter's recall measures. The guarantee is
 //! marginal, not per case, and says nothing about precision: a higher `R` only ever lowers `t`.
 //!
+//! A table may hold several sources ([`ConformalSource`]: cases of one kind, such as one benchmark
+//! or one catalogue), each kept apart, and then the threshold is the lowest of the sources' own:
+//! the needed candidates of cases like *each* source's are covered at least `R` of the time
+//! (group-conditional, "Mondrian" conformal prediction). One pooled table promises `R` only on
+//! average over its pool, which an easy source can meet while a hard one falls short.
+//!
 //! The type lives in the contract, with no model behind it, so that the engine can read it from a
 //! model's manifest and the tool filter can take it without depending on the engine.
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
 
-/// The calibrated probabilities of the needed candidates of labelled cases, sorted ascending: what
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The calibrated probabilities of the needed candidates of labelled cases, kept per source: what
 /// turns a target recall into a probability threshold ([`threshold`](Self::threshold)).
 ///
-/// Valid by construction: never empty, every probability in `[0, 1]`, sorted. Deserializing checks
-/// the same, so a hand-edited manifest cannot smuggle in an unsorted table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "RawConformal")]
+/// Valid by construction: at least one source, and each source's table is never empty, holds
+/// only probabilities in `[0, 1]` and is sorted. Deserializing checks the same, so a hand-edited
+/// manifest cannot smuggle in an unsorted table. It reads (and writes) one source as a single
+/// table and several as a list of tables.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Conformal {
+    sources: Vec<ConformalSource>,
+}
+
+/// One source of a [`Conformal`] table: the sorted calibrated probabilities of the needed
+/// candidates of one kind of labelled cases, with how many cases and which data they came from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConformalSource {
     needed_probabilities: Vec<f64>,
     cases: usize,
     source: String,
@@ -31,7 +48,7 @@ pub struct Conformal {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawConformal {
+struct RawSource {
     needed_probabilities: Vec<f64>,
     #[serde(default)]
     cases: usize,
@@ -39,31 +56,74 @@ struct RawConformal {
     source: String,
 }
 
-impl TryFrom<RawConformal> for Conformal {
-    type Error = String;
-
-    fn try_from(raw: RawConformal) -> Result<Self, String> {
-        let p = &raw.needed_probabilities;
+impl RawSource {
+    /// The source, or what is wrong with it, naming the field under `at` (`conformal` or
+    /// `conformal[i]`).
+    fn check(self, at: &str) -> Result<ConformalSource, String> {
+        let p = &self.needed_probabilities;
         if p.is_empty() {
-            return Err("conformal.needed_probabilities: empty".into());
+            return Err(format!("{at}.needed_probabilities: empty"));
         }
         if let Some(bad) = p.iter().find(|p| !(0.0..=1.0).contains(*p)) {
             return Err(format!(
-                "conformal.needed_probabilities: {bad} is not a probability"
+                "{at}.needed_probabilities: {bad} is not a probability"
             ));
         }
         if let Some(i) = p.windows(2).position(|w| w[0] > w[1]) {
             return Err(format!(
-                "conformal.needed_probabilities: not sorted ascending ({} before {})",
+                "{at}.needed_probabilities: not sorted ascending ({} before {})",
                 p[i],
                 p[i + 1]
             ));
         }
-        Ok(Self {
-            needed_probabilities: raw.needed_probabilities,
-            cases: raw.cases,
-            source: raw.source,
+        Ok(ConformalSource {
+            needed_probabilities: self.needed_probabilities,
+            cases: self.cases,
+            source: self.source,
         })
+    }
+}
+
+impl Serialize for Conformal {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.sources.as_slice() {
+            [one] => one.serialize(serializer),
+            many => many.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Conformal {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TableOrList;
+
+        impl<'de> Visitor<'de> for TableOrList {
+            type Value = Conformal;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a conformal table, or a list of them (one per source)")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Conformal, A::Error> {
+                let raw = RawSource::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let one = raw.check("conformal").map_err(de::Error::custom)?;
+                Ok(Conformal { sources: vec![one] })
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Conformal, A::Error> {
+                let mut sources = Vec::new();
+                while let Some(raw) = seq.next_element::<RawSource>()? {
+                    let at = format!("conformal[{}]", sources.len());
+                    sources.push(raw.check(&at).map_err(de::Error::custom)?);
+                }
+                if sources.is_empty() {
+                    return Err(de::Error::custom("conformal: an empty list of sources"));
+                }
+                Ok(Conformal { sources })
+            }
+        }
+
+        deserializer.deserialize_any(TableOrList)
     }
 }
 
@@ -72,7 +132,7 @@ impl TryFrom<RawConformal> for Conformal {
 #[error("must be between 0 and 1 (both excluded), but was {0}")]
 pub struct InvalidTargetRecall(pub f64);
 
-impl Conformal {
+impl ConformalSource {
     /// The table of `probabilities` (the needed candidates' calibrated probabilities), sorted and
     /// rounded down to 4 decimals, as a manifest stores them; `None` when there are none or one is
     /// not a probability. Rounding down keeps the guarantee: a stored threshold is never above the
@@ -117,12 +177,12 @@ impl Conformal {
         &self.needed_probabilities
     }
 
-    /// How many needed candidates the table holds (`n`).
+    /// How many needed candidates the source holds (`n`).
     pub fn len(&self) -> usize {
         self.needed_probabilities.len()
     }
 
-    /// Always false: a table holds at least one probability. Here because `len` is.
+    /// Always false: a source holds at least one probability. Here because `len` is.
     pub fn is_empty(&self) -> bool {
         self.needed_probabilities.is_empty()
     }
@@ -151,9 +211,9 @@ impl Conformal {
         Ok(k.min(n))
     }
 
-    /// The probability threshold (inclusive) at which the needed candidates of cases like the
-    /// table's are selected at least `target_recall` of the time; 0 (every candidate) when the table
-    /// is too small for that recall. `target_recall` must lie in `(0, 1)`.
+    /// The probability threshold (inclusive) at which the needed candidates of cases like this
+    /// source's are selected at least `target_recall` of the time; 0 (every candidate) when the
+    /// source is too small for that recall. `target_recall` must lie in `(0, 1)`.
     pub fn threshold(&self, target_recall: f64) -> Result<f64, InvalidTargetRecall> {
         Ok(match self.rank(target_recall)? {
             0 => 0.0,
@@ -162,12 +222,77 @@ impl Conformal {
     }
 }
 
+impl From<ConformalSource> for Conformal {
+    fn from(source: ConformalSource) -> Self {
+        Self {
+            sources: vec![source],
+        }
+    }
+}
+
+impl Conformal {
+    /// A table of one source: [`ConformalSource::from_needed`] of `probabilities`.
+    pub fn from_needed(probabilities: impl IntoIterator<Item = f64>) -> Option<Self> {
+        ConformalSource::from_needed(probabilities).map(Self::from)
+    }
+
+    /// A table of several sources, each kept apart; `None` when there are none.
+    pub fn from_sources(sources: impl IntoIterator<Item = ConformalSource>) -> Option<Self> {
+        let sources: Vec<ConformalSource> = sources.into_iter().collect();
+        (!sources.is_empty()).then_some(Self { sources })
+    }
+
+    /// The sources, in the order they were given.
+    pub fn sources(&self) -> &[ConformalSource] {
+        &self.sources
+    }
+
+    /// How many needed candidates the table holds, over all its sources.
+    pub fn len(&self) -> usize {
+        self.sources.iter().map(ConformalSource::len).sum()
+    }
+
+    /// Always false: a table holds at least one probability. Here because `len` is.
+    pub fn is_empty(&self) -> bool {
+        self.sources.iter().all(ConformalSource::is_empty)
+    }
+
+    /// How many cases the probabilities came from, over all sources (0 when not recorded).
+    pub fn cases(&self) -> usize {
+        self.sources.iter().map(ConformalSource::cases).sum()
+    }
+
+    /// The sources' data, joined by "; " (empty when none is recorded).
+    pub fn source(&self) -> String {
+        let named: Vec<&str> = self
+            .sources
+            .iter()
+            .map(ConformalSource::source)
+            .filter(|s| !s.is_empty())
+            .collect();
+        named.join("; ")
+    }
+
+    /// The probability threshold (inclusive) at which the needed candidates of cases like each
+    /// source's are selected at least `target_recall` of the time: the lowest of the sources'
+    /// [`ConformalSource::threshold`]s, so that the set it selects holds each source's set. 0
+    /// (every candidate) when a source is too small for that recall. `target_recall` must lie in
+    /// `(0, 1)`.
+    pub fn threshold(&self, target_recall: f64) -> Result<f64, InvalidTargetRecall> {
+        let mut lowest = 1.0f64;
+        for source in &self.sources {
+            lowest = lowest.min(source.threshold(target_recall)?);
+        }
+        Ok(lowest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn table(p: &[f64]) -> Conformal {
-        Conformal::from_needed(p.iter().copied()).unwrap()
+    fn table(p: &[f64]) -> ConformalSource {
+        ConformalSource::from_needed(p.iter().copied()).unwrap()
     }
 
     #[test]
@@ -240,9 +365,11 @@ mod tests {
         let t = table(&[0.29, 0.123456, 1.0, 0.0]);
         assert_eq!(t.needed_probabilities(), [0.0, 0.1234, 0.29, 1.0]);
         assert_eq!(t.len(), 4);
-        assert!(Conformal::from_needed([]).is_none());
-        assert!(Conformal::from_needed([0.5, f64::NAN]).is_none());
+        assert!(ConformalSource::from_needed([]).is_none());
+        assert!(ConformalSource::from_needed([0.5, f64::NAN]).is_none());
+        assert!(ConformalSource::from_needed([1.2]).is_none());
         assert!(Conformal::from_needed([1.2]).is_none());
+        assert!(Conformal::from_sources([]).is_none());
     }
 
     #[test]
@@ -254,7 +381,8 @@ mod tests {
         let parse = |json: &str| serde_json::from_str::<Doc>(json).map(|d| d.conformal);
         let ok = parse(r#"{"conformal": {"needed_probabilities": [0.1, 0.2], "cases": 2, "source": "x.jsonl"}}"#)
             .unwrap();
-        assert_eq!((ok.len(), ok.cases(), ok.source()), (2, 2, "x.jsonl"));
+        assert_eq!((ok.len(), ok.cases()), (2, 2));
+        assert_eq!(ok.source(), "x.jsonl");
         for (json, message) in [
             (
                 r#"{"needed_probabilities": [0.2, 0.1]}"#,
@@ -277,5 +405,76 @@ mod tests {
         }
         let back: Conformal = serde_json::from_value(serde_json::to_value(&ok).unwrap()).unwrap();
         assert_eq!(back, ok);
+    }
+
+    fn sources(tables: &[&[f64]]) -> Conformal {
+        Conformal::from_sources(tables.iter().enumerate().map(|(i, p)| {
+            table(p)
+                .with_cases(p.len())
+                .with_source(format!("s{i}.jsonl"))
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn several_sources_take_the_lowest_threshold() {
+        // n = 19 each: R = 0.9 → k = 2. The easy source alone would promise 0.9 at 0.6; the
+        // hard one needs 0.1.
+        let easy: Vec<f64> = (0..19).map(|i| 0.55 + i as f64 / 50.0).collect();
+        let hard: Vec<f64> = (1..=19).map(|i| i as f64 / 20.0).collect();
+        let both = sources(&[&easy, &hard]);
+        assert_eq!(table(&easy).threshold(0.9), Ok(0.57));
+        assert_eq!(table(&hard).threshold(0.9), Ok(0.1));
+        assert_eq!(both.threshold(0.9), Ok(0.1));
+        assert_eq!(both.len(), 38);
+        assert_eq!(both.cases(), 38);
+        assert_eq!(both.source(), "s0.jsonl; s1.jsonl");
+        // One source too small for the recall passes everything, whatever the others say.
+        let tiny = sources(&[&easy, &[0.9]]);
+        assert_eq!(tiny.threshold(0.9), Ok(0.0));
+        assert!(both.threshold(1.0).is_err());
+    }
+
+    #[test]
+    fn each_source_is_covered_where_a_pooled_table_is_not() {
+        // 90 easy needed probabilities and 10 hard ones: pooled, R = 0.9 keeps every easy one
+        // and one hard one in ten; kept apart, the hard source is covered too.
+        let easy: Vec<f64> = (0..90).map(|i| 0.5 + i as f64 / 200.0).collect();
+        let hard: Vec<f64> = (0..10).map(|i| 0.01 + i as f64 / 1000.0).collect();
+        let pooled = table(&[easy.clone(), hard.clone()].concat());
+        let apart = sources(&[&easy, &hard]);
+        let covered =
+            |t: f64, p: &[f64]| p.iter().filter(|&&x| x >= t).count() as f64 / p.len() as f64;
+        let t = pooled.threshold(0.9).unwrap();
+        assert_eq!(covered(t, &hard), 0.1);
+        let t = apart.threshold(0.9).unwrap();
+        assert!(covered(t, &hard) >= 0.9 && covered(t, &easy) >= 0.9, "{t}");
+    }
+
+    #[test]
+    fn several_sources_read_and_write_as_a_list() {
+        let both = sources(&[&[0.1, 0.2], &[0.3]]);
+        let json = serde_json::to_value(&both).unwrap();
+        assert!(json.is_array(), "{json}");
+        let back: Conformal = serde_json::from_value(json).unwrap();
+        assert_eq!(back, both);
+        // One source stays a single table, as manifests have always stored it.
+        let one: Conformal = table(&[0.5]).into();
+        assert!(serde_json::to_value(&one).unwrap().is_object());
+        let parse = |json: &str| serde_json::from_str::<Conformal>(json).map_err(|e| e.to_string());
+        let err =
+            parse(r#"[{"needed_probabilities": [0.1]}, {"needed_probabilities": [0.3, 0.2]}]"#)
+                .unwrap_err();
+        assert!(
+            err.contains("conformal[1].needed_probabilities: not sorted"),
+            "{err}"
+        );
+        let err = parse("[]").unwrap_err();
+        assert!(err.contains("an empty list of sources"), "{err}");
+        let err = parse("0.5").unwrap_err();
+        assert!(
+            err.contains("a conformal table, or a list of them"),
+            "{err}"
+        );
     }
 }

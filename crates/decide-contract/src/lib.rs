@@ -79,7 +79,7 @@ pub mod response;
 mod serde_util;
 pub mod validate;
 
-pub use conformal::{Conformal, InvalidTargetRecall};
+pub use conformal::{Conformal, ConformalSource, InvalidTargetRecall};
 pub use error::{AnswerKind, BoxError, DecisionError, Result};
 pub use listener::{
     Attributes, DecisionModelListener, ErrorContext, ListenerResult, RequestContext,

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use decide_contract::Conformal;
+use decide_contract::{Conformal, ConformalSource};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -214,21 +214,38 @@ impl Manifest {
                 doc["scoring"]["tool_parameters"] = toml_edit::value(tool_parameters);
             }
         }
-        let fresh = conformal_table(conformal);
-        match doc.get_mut("conformal").and_then(|t| t.as_table_mut()) {
+        const COMMENT: &str =
+            "\n# The calibrated probabilities of the needed tools of the cases above, for\n\
+             # --target-recall (split conformal prediction); written by `decide calibrate`.\n";
+        match (doc.get_mut("conformal"), conformal_item(conformal)) {
             // Field by field, so that the table keeps its place and its comments.
-            Some(table) => {
+            (Some(toml_edit::Item::Table(table)), toml_edit::Item::Table(fresh)) => {
                 for (key, item) in fresh.iter() {
                     table[key] = item.clone();
                 }
             }
-            None => {
-                let mut table = fresh;
-                table.decor_mut().set_prefix(
-                    "\n# The calibrated probabilities of the needed tools of the cases above, for\n\
-                     # --target-recall (split conformal prediction); written by `decide calibrate`.\n",
-                );
-                doc["conformal"] = toml_edit::Item::Table(table);
+            // A table becomes a list of them or the other way round: the first keeps the
+            // comment above the old one.
+            (old, mut fresh) => {
+                let prefix = old
+                    .and_then(|item| match item {
+                        toml_edit::Item::Table(t) => t.decor().prefix().cloned(),
+                        toml_edit::Item::ArrayOfTables(a) => {
+                            a.get(0).and_then(|t| t.decor().prefix().cloned())
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| COMMENT.into());
+                let first = match &mut fresh {
+                    toml_edit::Item::Table(t) => Some(t),
+                    toml_edit::Item::ArrayOfTables(a) => a.get_mut(0),
+                    _ => None,
+                };
+                if let Some(first) = first {
+                    first.decor_mut().set_prefix(prefix);
+                }
+                doc.remove("conformal");
+                doc["conformal"] = fresh;
             }
         }
         replace_file(path, &doc.to_string())
@@ -247,19 +264,35 @@ fn replace_file(path: &Path, text: &str) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(|e| EngineError::bad_file(path, e))
 }
 
-/// The body of a manifest's `[conformal]` table for `conformal`, as
-/// [`Manifest::update_calibration`] writes it: `source`, `cases`, then the probabilities ten to
-/// a line, so that a manifest stays readable.
+/// The `conformal` section of a manifest for `conformal`, header included, as
+/// [`Manifest::update_calibration`] writes it: one source as a `[conformal]` table, several as
+/// `[[conformal]]` tables, each with `source`, `cases`, then the probabilities ten to a line, so
+/// that a manifest stays readable.
 pub fn conformal_toml(conformal: &Conformal) -> String {
-    conformal_table(conformal).to_string()
+    let mut doc = toml_edit::DocumentMut::new();
+    doc["conformal"] = conformal_item(conformal);
+    doc.to_string()
 }
 
-fn conformal_table(conformal: &Conformal) -> toml_edit::Table {
+fn conformal_item(conformal: &Conformal) -> toml_edit::Item {
+    match conformal.sources() {
+        [one] => toml_edit::Item::Table(source_table(one)),
+        many => {
+            let mut list = toml_edit::ArrayOfTables::new();
+            for source in many {
+                list.push(source_table(source));
+            }
+            toml_edit::Item::ArrayOfTables(list)
+        }
+    }
+}
+
+fn source_table(source: &ConformalSource) -> toml_edit::Table {
     let mut table = toml_edit::Table::new();
-    table["source"] = toml_edit::value(conformal.source());
-    table["cases"] = toml_edit::value(conformal.cases() as i64);
+    table["source"] = toml_edit::value(source.source());
+    table["cases"] = toml_edit::value(source.cases() as i64);
     let mut array = toml_edit::Array::new();
-    for (i, p) in conformal.needed_probabilities().iter().enumerate() {
+    for (i, p) in source.needed_probabilities().iter().enumerate() {
         let mut v = toml_edit::Value::from(*p);
         v.decor_mut()
             .set_prefix(if i % 10 == 0 { "\n  " } else { " " });
@@ -639,10 +672,11 @@ mod tests {
             "# a comment\nname = \"m\"\n\n# Platt\n[calibration]\na = 1.0\nb = 0.0\n\n[files]\n\"x\" = \"y\"\n",
         )
         .unwrap();
-        let conformal = Conformal::from_needed((0..25).map(|i| i as f64 / 25.0))
+        let conformal: Conformal = ConformalSource::from_needed((0..25).map(|i| i as f64 / 25.0))
             .unwrap()
             .with_cases(20)
-            .with_source("cases.jsonl with tools.json");
+            .with_source("cases.jsonl with tools.json")
+            .into();
         Manifest::update_calibration(
             &path,
             Calibration {
@@ -680,7 +714,10 @@ mod tests {
         // Written again, the table keeps its place and comments and takes the new values.
         let edited = text.replace("# The calibrated probabilities", "# mine");
         std::fs::write(&path, edited).unwrap();
-        let smaller = Conformal::from_needed([0.5, 0.25]).unwrap().with_cases(2);
+        let smaller: Conformal = ConformalSource::from_needed([0.5, 0.25])
+            .unwrap()
+            .with_cases(2)
+            .into();
         let with_parameters = Scoring {
             lexical_weight: 0.6,
             tool_parameters: true,
@@ -707,8 +744,38 @@ mod tests {
             Some(false)
         );
         let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
-        assert_eq!(table.needed_probabilities(), [0.25, 0.5]);
-        assert_eq!((table.cases(), table.source()), (2, ""));
+        assert_eq!(table.sources()[0].needed_probabilities(), [0.25, 0.5]);
+        assert_eq!((table.cases(), table.source().as_str()), (2, ""));
+
+        // Several sources become a list of tables under the same comment, and one source a
+        // single table again.
+        let two = Conformal::from_sources([
+            ConformalSource::from_needed([0.5])
+                .unwrap()
+                .with_source("a.jsonl"),
+            ConformalSource::from_needed([0.1, 0.2])
+                .unwrap()
+                .with_source("b.jsonl"),
+        ])
+        .unwrap();
+        Manifest::update_calibration(&path, Calibration { a: 1.0, b: 0.0 }, weight(0.6), &two)
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.matches("[[conformal]]").count(), 2, "{text}");
+        assert_eq!(text.matches("# mine").count(), 1, "{text}");
+        let manifest: toml::Value = toml::from_str(&text).unwrap();
+        let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
+        assert_eq!(table, two);
+        assert_eq!(table.threshold(0.5), Ok(0.1));
+        Manifest::update_calibration(&path, Calibration { a: 1.0, b: 0.0 }, weight(0.6), &smaller)
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("[[conformal]]"), "{text}");
+        assert_eq!(text.matches("[conformal]").count(), 1, "{text}");
+        assert!(text.contains("# mine"), "{text}");
+        let manifest: toml::Value = toml::from_str(&text).unwrap();
+        let table: Conformal = manifest["conformal"].clone().try_into().unwrap();
+        assert_eq!(table, smaller);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -741,7 +808,12 @@ mod tests {
         std::fs::write(dir.join("1_Pooling/config.json"), "{}").unwrap();
         let mut m = Manifest::find_builtin(DEFAULT_MODEL).unwrap();
         m.calibration = Some(Calibration { a: 2.5, b: -1.0 });
-        m.conformal = Some(Conformal::from_needed([0.25, 0.5]).unwrap().with_cases(2));
+        m.conformal = Some(
+            ConformalSource::from_needed([0.25, 0.5])
+                .unwrap()
+                .with_cases(2)
+                .into(),
+        );
         m.files = Manifest::hash_files(&dir).unwrap();
         assert_eq!(
             m.files.keys().collect::<Vec<_>>(),
