@@ -1200,22 +1200,42 @@ fn selected_at_recall(model: &str, recall: &str) -> Vec<String> {
         .collect()
 }
 
+/// `decide --model MODEL select` of the forecast question against the shipped catalogue, with
+/// `extra` arguments.
+fn select_rain(model: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "--model",
+        model,
+        "select",
+        "--tools",
+        "examples/tools.json",
+        "Will it rain in Paris tomorrow?",
+    ];
+    args.extend_from_slice(extra);
+    decide(&args)
+}
+
+/// `decide --model MODEL calibrate` on the calibration cases and the shipped catalogue, with
+/// `extra` arguments.
+fn calibrate_shipped(model: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "--model",
+        model,
+        "calibrate",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--tools",
+        "examples/tools.json",
+    ];
+    args.extend_from_slice(extra);
+    decide(&args)
+}
+
 #[test]
 fn target_recall_selects_by_the_conformal_table_calibrate_writes() {
     let t = TempDir::new("target-recall");
     let model = scratch_model(&t);
-    let select = |extra: &[&str]| {
-        let mut args = vec![
-            "--model",
-            &model,
-            "select",
-            "--tools",
-            "examples/tools.json",
-            "Will it rain in Paris tomorrow?",
-        ];
-        args.extend_from_slice(extra);
-        decide(&args)
-    };
+    let select = |extra: &[&str]| select_rain(&model, extra);
     // Before calibrating, the copy has no table.
     let o = select(&["--target-recall", "0.9"]);
     assert_one_line_error(
@@ -1223,16 +1243,7 @@ fn target_recall_selects_by_the_conformal_table_calibrate_writes() {
         "--target-recall: model all-MiniLM-L6-v2 has no conformal calibration; run decide calibrate",
     );
 
-    let o = decide(&[
-        "--model",
-        &model,
-        "calibrate",
-        "--data",
-        "models/calibration/tools.jsonl",
-        "--tools",
-        "examples/tools.json",
-        "--json",
-    ]);
+    let o = calibrate_shipped(&model, &["--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     let manifest = std::fs::read_to_string(Path::new(&model).join("manifest.toml")).unwrap();
@@ -1324,18 +1335,7 @@ fn target_recall_selects_by_the_conformal_table_calibrate_writes() {
     ]);
     assert_one_line_error(&o, "has no conformal calibration");
     // calibrate writes the table; it does not read one.
-    let o = decide(&[
-        "--model",
-        &model,
-        "calibrate",
-        "--data",
-        "models/calibration/tools.jsonl",
-        "--tools",
-        "examples/tools.json",
-        "--target-recall",
-        "0.9",
-        "--dry-run",
-    ]);
+    let o = calibrate_shipped(&model, &["--target-recall", "0.9", "--dry-run"]);
     assert_one_line_error(&o, "--target-recall: not used by calibrate");
 }
 
@@ -1343,19 +1343,7 @@ fn target_recall_selects_by_the_conformal_table_calibrate_writes() {
 fn calibrate_keeps_each_conformal_source_apart() {
     let t = TempDir::new("conformal-sources");
     let model = scratch_model(&t);
-    let calibrate = |extra: &[&str]| {
-        let mut args = vec![
-            "--model",
-            &model,
-            "calibrate",
-            "--data",
-            "models/calibration/tools.jsonl",
-            "--tools",
-            "examples/tools.json",
-        ];
-        args.extend_from_slice(extra);
-        decide(&args)
-    };
+    let calibrate = |extra: &[&str]| calibrate_shipped(&model, extra);
     let json = |o: &std::process::Output| -> serde_json::Value {
         assert!(o.status.success(), "{}", stderr(o));
         serde_json::from_str(stdout(o).trim()).unwrap()
@@ -1419,16 +1407,7 @@ fn calibrate_keeps_each_conformal_source_apart() {
     let manifest = std::fs::read_to_string(Path::new(&model).join("manifest.toml")).unwrap();
     assert_eq!(manifest.matches("[[conformal]]").count(), 3, "{manifest}");
     let t90 = report["conformal"]["thresholds"]["0.9"].as_f64().unwrap();
-    let o = decide(&[
-        "--model",
-        &model,
-        "select",
-        "--tools",
-        "examples/tools.json",
-        "--target-recall",
-        "0.9",
-        "Will it rain in Paris tomorrow?",
-    ]);
+    let o = select_rain(&model, &["--target-recall", "0.9"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stdout(&o).contains(&format!("target recall 0.9: min probability {t90}")),
