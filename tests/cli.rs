@@ -590,6 +590,7 @@ fn eval_reports_every_metric_in_range() {
         "recall_at_10",
         "mrr",
         "recall",
+        "all_needed_selected",
         "no_tool_none_selected",
         "ece",
     ] {

@@ -271,6 +271,10 @@ fn table(r: &Report) -> Vec<(String, String)> {
         (format!("precision at {t}"), ratio(r.precision)),
         (format!("recall at {t}"), ratio(r.recall)),
         (
+            format!("cases with every needed tool at {t}"),
+            ratio(r.all_needed_selected),
+        ),
+        (
             format!("no-tool cases, nothing selected at {t}"),
             ratio(r.no_tool_none_selected),
         ),

@@ -44,6 +44,8 @@
 //!     tools and FP selected tools that were not expected; `None` when nothing was selected in any case.
 //!   * **recall**: micro-averaged, TP / (TP + FN), where FN counts expected tools that were not selected; `None`
 //!     when no case expects a tool.
+//!   * **cases with every needed tool selected**: over the cases with at least one expected tool, the share whose
+//!     selected set holds all of them: what an agent needs to finish a task, where recall counts tools, not cases.
 //!   * **no-tool cases with nothing selected**: over the cases with no expected tool, the share whose selected set
 //!     is empty.
 //!   * **tools selected per case**: the mean number of tools the filter passes on per case: the selected set plus
@@ -351,6 +353,8 @@ pub struct Report {
     pub precision: Option<f64>,
     /// Share of the expected (case, tool) pairs that were selected.
     pub recall: Option<f64>,
+    /// Share of the cases with at least one expected tool whose every expected tool was selected.
+    pub all_needed_selected: Option<f64>,
     /// Share of the no-tool cases where nothing was selected.
     pub no_tool_none_selected: Option<f64>,
     /// Mean number of tools selected per case (those passed without asking included): what the
@@ -415,6 +419,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
     let (mut true_pos, mut false_pos, mut false_neg) = (0usize, 0usize, 0usize);
     let mut no_tool_cases = 0;
     let mut no_tool_empty = 0.0;
+    let mut all_needed = 0.0;
     let mut selected_total = 0usize;
     let mut calibration_pairs = Vec::new();
     let mut pairs_total = 0;
@@ -451,6 +456,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
         }
 
         let mut selected_any = false;
+        let mut missed = false;
         for c in &case.candidates {
             let label = case.is_expected(&c.name);
             let selected = c.probability >= threshold;
@@ -459,13 +465,19 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
             match (selected, label) {
                 (true, true) => true_pos += 1,
                 (true, false) => false_pos += 1,
-                (false, true) => false_neg += 1,
+                (false, true) => {
+                    false_neg += 1;
+                    missed = true;
+                }
                 (false, false) => {}
             }
             calibration_pairs.push((c.probability, label));
         }
         if expected == 0 && !selected_any {
             no_tool_empty += 1.0;
+        }
+        if expected > 0 && !missed {
+            all_needed += 1.0;
         }
         pairs_total += case.pairs;
         latencies.push(case.latency_ms);
@@ -491,6 +503,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
         mrr: share(reciprocal_ranks, tool_cases),
         precision: share(true_pos as f64, true_pos + false_pos),
         recall: share(true_pos as f64, true_pos + false_neg),
+        all_needed_selected: share(all_needed, tool_cases),
         no_tool_none_selected: share(no_tool_empty, no_tool_cases),
         mean_selected: selected_total as f64 / cases.len() as f64,
         ece,

@@ -101,6 +101,8 @@ fn every_metric_matches_the_hand_computation() {
     // precision 3/(3+6) = 1/3, recall 3/(3+2) = 3/5.
     close_some(r.precision, 1.0 / 3.0);
     close_some(r.recall, 0.6);
+    // Every needed tool selected: A and B, not C (t5 and t11 missed) → 2/3.
+    close_some(r.all_needed_selected, 2.0 / 3.0);
 
     // No-tool cases: D selects nothing, E selects `a` → 1/2.
     close_some(r.no_tool_none_selected, 0.5);
@@ -197,6 +199,7 @@ fn only_no_tool_cases_leave_the_tool_metrics_none() {
         r.mrr,
         r.precision,
         r.recall,
+        r.all_needed_selected,
     ] {
         assert_eq!(metric, None, "{r:?}");
     }
@@ -266,12 +269,14 @@ fn the_threshold_moves_the_selected_set() {
     let r = evaluate(&example(), 0.0).unwrap();
     close_some(r.precision, 5.0 / 22.0);
     close_some(r.recall, 1.0);
+    close_some(r.all_needed_selected, 1.0);
     close_some(r.no_tool_none_selected, 0.0);
     close(r.mean_selected, 22.0 / 5.0);
     // At 1.0 only C's t0 (passed without asking) is selected: TP 0, FP 1, FN 5.
     let r = evaluate(&example(), 1.0).unwrap();
     close_some(r.precision, 0.0);
     close_some(r.recall, 0.0);
+    close_some(r.all_needed_selected, 0.0);
     close_some(r.no_tool_none_selected, 1.0);
     // The ranking metrics do not depend on the threshold.
     close_some(r.mrr, 7.0 / 12.0);
@@ -358,6 +363,7 @@ fn the_report_serializes_every_metric() {
         "mrr",
         "precision",
         "recall",
+        "all_needed_selected",
         "no_tool_none_selected",
         "mean_selected",
         "ece",
