@@ -106,6 +106,27 @@ fn reliability(scores: &[f64], labels: &[bool], cal: Calibration) -> Reliability
     )
 }
 
+/// Every (raw score, needed) pair of the cases `reader` yields, in order, and how many cases it
+/// held; a case without labels is an error naming its line.
+fn score_cases(
+    model: &Decider,
+    reader: Cases,
+    filter: &FilterArgs,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<(Vec<(f64, bool)>, usize)> {
+    let (mut pairs, mut cases) = (Vec::new(), 0);
+    for next in reader {
+        let (at, case) = next?;
+        let Some(expected) = &case.expected else {
+            bail!("{at}: expected: missing (calibration needs labels)");
+        };
+        pairs.extend(case_pairs(model, &case, expected, filter, &at)?);
+        cases += 1;
+        bar.inc(1);
+    }
+    Ok((pairs, cases))
+}
+
 /// The target recalls whose thresholds `decide calibrate` prints.
 const SHOWN_RECALLS: [f64; 3] = [0.9, 0.95, 0.99];
 
@@ -134,41 +155,20 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     let model = global.decider(true)?;
     let total = readers.iter().chain(&more_readers).map(|r| r.total).sum();
     let bar = progress(total, "scoring");
-    let mut scores = Vec::new();
-    let mut labels = Vec::new();
+    let mut scored = Vec::new();
     let mut cases = 0;
     for reader in readers {
-        for next in reader {
-            let (at, case) = next?;
-            let Some(expected) = &case.expected else {
-                bail!("{at}: expected: missing (calibration needs labels)");
-            };
-            for (s, label) in case_pairs(&model, &case, expected, &args.filter, &at)? {
-                scores.push(s);
-                labels.push(label);
-            }
-            cases += 1;
-            bar.inc(1);
-        }
+        let (pairs, read) = score_cases(&model, reader, &args.filter, &bar)?;
+        scored.extend(pairs);
+        cases += read;
     }
+    let (scores, labels): (Vec<f64>, Vec<bool>) = scored.into_iter().unzip();
     // The raw scores of the needed tools of each --conformal-data file, and its case count.
     let mut more_needed: Vec<(Vec<f64>, usize)> = Vec::new();
     for reader in more_readers {
-        let (mut needed, mut read) = (Vec::new(), 0);
-        for next in reader {
-            let (at, case) = next?;
-            let Some(expected) = &case.expected else {
-                bail!("{at}: expected: missing (a conformal source needs labels)");
-            };
-            for (s, label) in case_pairs(&model, &case, expected, &args.filter, &at)? {
-                if label {
-                    needed.push(s);
-                }
-            }
-            read += 1;
-            bar.inc(1);
-        }
-        more_needed.push((needed, read));
+        let (pairs, read) = score_cases(&model, reader, &args.filter, &bar)?;
+        let needed = pairs.into_iter().filter(|(_, l)| *l).map(|(s, _)| s);
+        more_needed.push((needed.collect(), read));
     }
     bar.finish_and_clear();
     let files = args
@@ -210,10 +210,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         sources.push(table.with_cases(read).with_source(describe(input)));
     }
     let conformal = Conformal::from_sources(sources).expect("the --data cases are a source");
-    let thresholds = SHOWN_RECALLS
-        .iter()
-        .map(|&r| Ok((r, conformal.threshold(r)?)))
-        .collect::<Result<Vec<(f64, f64)>, decide_contract::InvalidTargetRecall>>()?;
+    let thresholds = shown_thresholds(|r| conformal.threshold(r))?;
     let before = model.calibration_in_use();
     let after = reliability(&scores, &labels, fit);
     let before_rel = before.map(|c| reliability(&scores, &labels, c));
@@ -250,7 +247,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
                 "thresholds": recall_map(&thresholds),
                 "sources": conformal.sources().iter().map(|s| Ok(serde_json::json!({
                     "source": s.source(), "needed": s.len(), "cases": s.cases(),
-                    "thresholds": recall_map(&source_thresholds(s)?),
+                    "thresholds": recall_map(&shown_thresholds(|r| s.threshold(r))?),
                 }))).collect::<anyhow::Result<Vec<_>>>()?,
             },
             "written": written.as_ref().map(|p| p.display().to_string()),
@@ -285,7 +282,7 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
                 s.source(),
                 s.len(),
                 s.cases(),
-                shown(&source_thresholds(s)?)
+                shown(&shown_thresholds(|r| s.threshold(r))?)
             )?;
         }
         writeln!(
@@ -318,11 +315,13 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A source's own thresholds for [`SHOWN_RECALLS`].
-fn source_thresholds(source: &ConformalSource) -> anyhow::Result<Vec<(f64, f64)>> {
+/// `(R, threshold)` for each of [`SHOWN_RECALLS`], by `threshold`: a table's or one source's.
+fn shown_thresholds(
+    threshold: impl Fn(f64) -> Result<f64, decide_contract::InvalidTargetRecall>,
+) -> anyhow::Result<Vec<(f64, f64)>> {
     Ok(SHOWN_RECALLS
         .iter()
-        .map(|&r| Ok((r, source.threshold(r)?)))
+        .map(|&r| Ok((r, threshold(r)?)))
         .collect::<Result<_, decide_contract::InvalidTargetRecall>>()?)
 }
 
