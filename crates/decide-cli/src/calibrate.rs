@@ -19,12 +19,15 @@ use crate::score::progress;
 use crate::select::{build_filter, provider_request};
 
 /// The (data, catalogue) pairs of `data` and `tools`: no catalogue, one for all files, or one
-/// per file. `flags` names the two options in errors.
+/// per file; catalogues without data are an error. `flags` names the two options in errors.
 fn pairs(
     data: &[PathBuf],
     tools: &[PathBuf],
     flags: (&str, &str),
 ) -> anyhow::Result<Vec<CasesArgs>> {
+    if data.is_empty() && !tools.is_empty() {
+        bail!("{}: given without {}", flags.1, flags.0);
+    }
     let tools: Vec<Option<PathBuf>> = match tools.len() {
         0 => vec![None; data.len()],
         1 => vec![Some(tools[0].clone()); data.len()],
@@ -135,23 +138,19 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         bail!("--target-recall: not used by calibrate, which writes the table it reads");
     }
     let inputs = pairs(&args.data, &args.tools, ("--data", "--tools"))?;
-    if args.conformal_data.is_empty() && !args.conformal_tools.is_empty() {
-        bail!("--conformal-tools: given without --conformal-data");
-    }
     let more = pairs(
         &args.conformal_data,
         &args.conformal_tools,
         ("--conformal-data", "--conformal-tools"),
     )?;
     // Every file is read (and its errors reported) before the model loads.
-    let readers = inputs
-        .iter()
-        .map(Cases::open)
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let more_readers = more
-        .iter()
-        .map(Cases::open)
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let open = |inputs: &[CasesArgs]| {
+        inputs
+            .iter()
+            .map(Cases::open)
+            .collect::<anyhow::Result<Vec<_>>>()
+    };
+    let (readers, more_readers) = (open(&inputs)?, open(&more)?);
     let model = global.decider(true)?;
     let total = readers.iter().chain(&more_readers).map(|r| r.total).sum();
     let bar = progress(total, "scoring");
