@@ -92,7 +92,16 @@ fn select_takes_a_plain_text_and_prints_a_table() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("tools selected"), "{out}");
-    let first_row = out.lines().nth(2).unwrap();
+    // The default model's needs-tool gate says what it decided on, above the table.
+    assert!(
+        out.lines().nth(1).unwrap().starts_with("needs a tool: "),
+        "{out}"
+    );
+    let first_row = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("tool "))
+        .nth(1)
+        .unwrap();
     assert!(
         first_row.starts_with('*') && first_row.contains("get_forecast"),
         "{out}"
@@ -628,7 +637,7 @@ fn eval_reports_every_metric_in_range() {
         "precision at 0.5",
         "no-tool cases, nothing selected",
         "tools selected per case at 0.5",
-        "threshold 0.5 (--min-probability)",
+        "needs-tool gate at 0.5 (--min-probability), then tools from 0.2",
         "calibration error",
         "latency p95",
         "pairs per second",
@@ -1863,4 +1872,94 @@ fn a_corrupted_model_is_refused_not_answered() {
         "email Bob",
     ]);
     assert_one_line_error(&o, "NaN or infinite outputs");
+}
+
+#[test]
+fn calibrate_fits_a_needs_tool_head_that_select_reads_and_eval_measures() {
+    let t = TempDir::new("needs-tool");
+    let model = scratch_model(&t);
+    // Before: no head, so no gate unless asked for.
+    let o = select_rain(&model, &["--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v.get("needs_tool").is_none(), "{v}");
+    let o = calibrate_shipped(
+        &model,
+        &[
+            "--needs-tool-data",
+            "models/calibration/tools.jsonl",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["needs_tool"]["cases"], 120, "{v}");
+    assert_eq!(v["needs_tool"]["no_tool_cases"], 22, "{v}");
+    assert_eq!(v["needs_tool"]["companion_min_probability"], 0.2, "{v}");
+    let manifest = std::fs::read_to_string(Path::new(&model).join("manifest.toml")).unwrap();
+    assert!(manifest.contains("[needs_tool]"), "{manifest}");
+    // The gate is on by default once the model has a head, and says what it decided on.
+    let o = select_rain(&model, &["--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gate = &v["needs_tool"];
+    assert!(
+        (0.0..=1.0).contains(&gate["answer"].as_f64().unwrap()),
+        "{v}"
+    );
+    assert_eq!(
+        gate["open"],
+        gate["probability"].as_f64().unwrap() >= 0.5,
+        "{v}"
+    );
+    let o = select_rain(&model, &["--json", "--needs-tool-gate", "off"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v.get("needs_tool").is_none(), "{v}");
+    // The table says so too.
+    let o = select_rain(&model, &[]);
+    assert!(stdout(&o).contains("needs a tool:"), "{}", stdout(&o));
+    // eval measures the gated selection and says which rule it measured.
+    let o = decide(&[
+        "--model",
+        &model,
+        "eval",
+        "--data",
+        "models/calibration/tools.jsonl",
+        "--tools",
+        "examples/tools.json",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["companion_min_probability"], 0.2, "{v}");
+    // Bad input is named.
+    assert_one_line_error(
+        &select_rain(
+            &model,
+            &["--needs-tool-gate", "on", "--target-recall", "0.9"],
+        ),
+        "--needs-tool-gate: cannot be combined with --target-recall",
+    );
+    let bad = t.0.join("unlabelled.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"id\": \"a\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"expected\": []}\n\
+         {\"id\": \"b\", \"messages\": [{\"role\": \"user\", \"content\": \"rain?\"}]}\n",
+    )
+    .unwrap();
+    let o = calibrate_shipped(
+        &model,
+        &["--needs-tool-data", bad.to_str().unwrap(), "--dry-run"],
+    );
+    assert_one_line_error(&o, "unlabelled.jsonl:2: expected: missing");
+    let o = calibrate_shipped(
+        &model,
+        &[
+            "--needs-tool-data",
+            "models/calibration/tools.jsonl",
+            "--companion-min-probability",
+            "1.5",
+            "--dry-run",
+        ],
+    );
+    assert_one_line_error(&o, "--companion-min-probability: must be between 0 and 1");
 }

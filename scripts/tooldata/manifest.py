@@ -55,12 +55,13 @@ PLACEHOLDER = "placeholder of scripts/tooldata/manifest.py --template: run decid
 # The fields of a manifest, as `struct Manifest` and the structs of its tables in
 # crates/decide-engine/src/registry.rs accept them (deny_unknown_fields); [training] is free.
 TOP_KEYS = {"name", "hf_id", "revision", "architecture", "head", "max_length", "license",
-            "calibration", "scoring", "training", "build", "conformal", "files"}
+            "calibration", "scoring", "training", "build", "conformal", "needs_tool", "files"}
 TABLE_KEYS = {
     "scoring": {"lexical_weight", "tool_parameters"},
     "calibration": {"a", "b"},
     "build": {"base", "delta", "delta_sha256"},
     "conformal": {"needed_probabilities", "cases", "source"},
+    "needs_tool": {"weights", "bias", "companion_min_probability", "source", "cases"},
 }
 
 # [training] keys written by `decide train` that name input files by their path on the machine

@@ -173,6 +173,20 @@ pub struct FilterArgs {
     /// What passes when the model fails: all-tools, no-tools or fail.
     #[arg(long, default_value = "all-tools", value_parser = parse_fallback)]
     pub fallback: decide_filter::Fallback,
+    /// Decide first whether the conversation needs any tool (the model's needs-tool head and its
+    /// best tool, against --min-probability), then pass the best tool and every tool over the
+    /// model's lower threshold: on, off [default: on when the model has a needs-tool head and no
+    /// --target-recall is given].
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub needs_tool_gate: Option<bool>,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}': expected on or off")),
+    }
 }
 
 fn parse_fallback(s: &str) -> Result<decide_filter::Fallback, String> {
@@ -260,6 +274,22 @@ pub struct CalibrateArgs {
     /// --conformal-data, or one per file in the same order.
     #[arg(long, value_name = "CATALOGUE.json")]
     pub conformal_tools: Vec<PathBuf>,
+    /// Labelled conversations to fit the model's needs-tool head on (`expected` empty for those
+    /// that need no tool; "tools" are not read), written to the manifest as [needs_tool]: whether
+    /// a conversation needs any tool, which --needs-tool-gate reads. Thousands of them, both
+    /// kinds; training cases will do, since the head is fitted apart from the encoder. Repeat for
+    /// several files.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub needs_tool_data: Vec<PathBuf>,
+    /// With --needs-tool-data, the probability at which further tools pass once the gate finds
+    /// that the conversation needs a tool.
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.2,
+        requires = "needs_tool_data"
+    )]
+    pub companion_min_probability: f64,
     /// Print the fit without writing it to the model's manifest.
     #[arg(long)]
     pub dry_run: bool,
@@ -451,7 +481,9 @@ pub struct ChatArgs {
     #[arg(long, value_name = "R", requires = "filter")]
     pub target_recall: Option<f64>,
     /// With --filter: pass on every tool whose probability reaches this instead of a
-    /// --target-recall set (a no-tool message can then get no tools at all).
+    /// --target-recall set (a no-tool message can then get no tools at all); with a model that has
+    /// a needs-tool head, this is the bar of its gate, and the tools that come with the best one
+    /// pass from the model's lower threshold (see `decide select --needs-tool-gate`).
     #[arg(
         long,
         value_name = "P",

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use decide_chat::ToolSpecification;
 use decide_contract::ConformalSource;
-use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest, Scoring};
+use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest, NeedsTool, Scoring};
 use decide_eval::Reliability;
 
 use crate::args::{CalibrateArgs, CasesArgs, FilterArgs, Global};
@@ -151,6 +151,23 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()
     };
     let (readers, more_readers) = (open(&inputs)?, open(&more)?);
+    if !(0.0..=1.0).contains(&args.companion_min_probability) {
+        bail!(
+            "--companion-min-probability: must be between 0 and 1, but was {}",
+            args.companion_min_probability
+        );
+    }
+    let head_readers = args
+        .needs_tool_data
+        .iter()
+        .map(|data| {
+            Cases::open(&CasesArgs {
+                data: data.clone(),
+                tools: None,
+            })
+            .map(Cases::without_tools)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let model = global.decider(true)?;
     let total = readers.iter().chain(&more_readers).map(|r| r.total).sum();
     let bar = progress(total, "scoring");
@@ -226,10 +243,14 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         crate::plot::reliability_png(path, &title, &curves)?;
     }
 
+    let head = match head_readers.is_empty() {
+        true => None,
+        false => Some(fit_needs_tool(&model, head_readers, &args)?),
+    };
     let written = if args.dry_run {
         None
     } else {
-        write_manifest(&model, fit, &conformal)?
+        write_manifest(&model, fit, &conformal, head.as_ref().map(|(h, _)| h))?
     };
 
     let mut out = std::io::stdout().lock();
@@ -249,6 +270,11 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
                     "thresholds": recall_map(&shown_thresholds(|r| s.threshold(r))?),
                 }))).collect::<anyhow::Result<Vec<_>>>()?,
             },
+            "needs_tool": head.as_ref().map(|(h, fitted)| serde_json::json!({
+                "cases": h.cases, "no_tool_cases": fitted.no_tool,
+                "companion_min_probability": h.companion_min_probability,
+                "tool_cases_at_half": fitted.tool_at_half, "no_tool_cases_at_half": fitted.no_tool_at_half,
+            })),
             "written": written.as_ref().map(|p| p.display().to_string()),
         });
         writeln!(out, "{line}")?;
@@ -296,6 +322,19 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
             "  conformal: {} needed tools: threshold {}",
             conformal.len(),
             shown(&thresholds)
+        )?;
+    }
+    if let Some((h, fitted)) = &head {
+        writeln!(
+            out,
+            "  needs-tool head: {} conversations ({} needing no tool) from {}; on them, {:.3} of those \
+             needing a tool and {:.3} of the others on the right side of 0.5; further tools from {}",
+            h.cases,
+            fitted.no_tool,
+            h.source,
+            fitted.tool_at_half,
+            fitted.no_tool_at_half,
+            h.companion_min_probability
         )?;
     }
     match written {
@@ -350,6 +389,7 @@ fn write_manifest(
     model: &Decider,
     fit: Calibration,
     conformal: &Conformal,
+    head: Option<&NeedsTool>,
 ) -> anyhow::Result<Option<PathBuf>> {
     let Some(dir) = model.model_dir() else {
         eprintln!(
@@ -371,5 +411,85 @@ fn write_manifest(
         tool_parameters: model.tool_parameters(),
     };
     Manifest::update_calibration(&path, fit, scoring, conformal)?;
+    if let Some(head) = head {
+        Manifest::update_needs_tool(&path, head)?;
+    }
     Ok(Some(path))
+}
+
+/// How the needs-tool head does on the conversations it was fitted on.
+struct Fitted {
+    no_tool: usize,
+    tool_at_half: f64,
+    no_tool_at_half: f64,
+}
+
+/// Fits the needs-tool head on the distinct conversations of `readers`, each seen as a decision
+/// sees it (the filter's input), the first label of a conversation written twice kept.
+fn fit_needs_tool(
+    model: &Decider,
+    readers: Vec<Cases>,
+    args: &CalibrateArgs,
+) -> anyhow::Result<(NeedsTool, Fitted)> {
+    let filter = build_filter(model, Vec::new(), &args.filter)?;
+    let mut inputs = Vec::new();
+    let mut labels = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for reader in readers {
+        for next in reader {
+            let (at, case) = next?;
+            let Some(expected) = &case.expected else {
+                bail!("{at}: expected: missing (the needs-tool head needs labels; [] for a conversation that needs no tool)");
+            };
+            let request = provider_request(&case.messages).with_context(|| at.clone())?;
+            let Some(input) = filter.decision_input(&request) else {
+                bail!("{at}: the user message has no text");
+            };
+            if seen.insert(input.render()) {
+                inputs.push(input);
+                labels.push(!expected.is_empty());
+            }
+        }
+    }
+    const CHUNK: usize = 256;
+    let bar = progress(inputs.len() as u64, "embedding conversations");
+    let mut embeddings = Vec::with_capacity(inputs.len());
+    for chunk in inputs.chunks(CHUNK) {
+        embeddings.extend(model.conversation_embeddings(chunk)?);
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let source = args
+        .needs_tool_data
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let Some(head) = NeedsTool::fit(
+        &embeddings,
+        &labels,
+        args.companion_min_probability,
+        source.clone(),
+    ) else {
+        bail!("--needs-tool-data {source}: the head needs conversations that need a tool and conversations that need none");
+    };
+    // The head as the manifest stores it, rounded, is the one measured.
+    let stored = head.rounded();
+    let share = |want: bool| {
+        let (mut hit, mut n) = (0usize, 0usize);
+        for (e, &l) in embeddings.iter().zip(&labels) {
+            if l == want {
+                n += 1;
+                let p = stored.probability(e).unwrap_or(0.5);
+                hit += usize::from((p >= 0.5) == want);
+            }
+        }
+        hit as f64 / n.max(1) as f64
+    };
+    let fitted = Fitted {
+        no_tool: labels.iter().filter(|l| !**l).count(),
+        tool_at_half: share(true),
+        no_tool_at_half: share(false),
+    };
+    Ok((head, fitted))
 }

@@ -86,6 +86,11 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
     };
     // The filter's set: the conformal set of --target-recall (DEFAULT_TARGET_RECALL when the
     // model has a table and no threshold was asked for), else the probability threshold.
+    // Without a conformal set, the model's needs-tool gate, when it has a head.
+    let companion = engine
+        .as_ref()
+        .and_then(|e| e.needs_tool())
+        .map(|h| h.companion_min_probability);
     let conformal = match (args.target_recall, args.min_probability, &engine) {
         (Some(r), _, Some(e)) => {
             Some((r, e.require_conformal().context("--target-recall")?.clone()))
@@ -106,8 +111,13 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
             .decision_model(Arc::clone(decisions));
         if let Some((r, table)) = &conformal {
             filter = filter.target_recall(*r, table);
-        } else if let Some(p) = args.min_probability {
-            filter = filter.min_probability(p);
+        } else {
+            if let Some(p) = args.min_probability {
+                filter = filter.min_probability(p);
+            }
+            if let Some(companion) = companion {
+                filter = filter.needs_tool_gate(companion);
+            }
         }
         let filter = filter
             .build()

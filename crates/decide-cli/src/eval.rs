@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use decide_eval::{
-    evaluate, ranking, split_by_seen, Candidate, NeededRanks, Report, ScoredCase, SeenSplit,
+    evaluate_with, ranking, split_by_seen, Candidate, NeededRanks, Report, Rule, ScoredCase,
+    SeenSplit,
 };
 use serde_json::{json, Value};
 
@@ -100,7 +101,14 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
                 s => s,
             }
         )?,
-        _ => writeln!(out, "threshold {} (--min-probability)", report.threshold)?,
+        _ => match report.companion_min_probability {
+            Some(companion) => writeln!(
+                out,
+                "needs-tool gate at {} (--min-probability), then tools from {companion} (the model's)",
+                report.threshold
+            )?,
+            None => writeln!(out, "threshold {} (--min-probability)", report.threshold)?,
+        },
     }
     for (metric, value) in table(&report) {
         writeln!(out, "  {metric:<44}{value:>10}")?;
@@ -161,9 +169,11 @@ fn evaluate_cases_to(
     let mut cases = Vec::new();
     // The threshold the filter itself selects at: --min-probability, or --target-recall's from the
     // model's conformal table, so that the metrics at the threshold measure what select passes on.
-    let mut threshold = filter
-        .min_probability
-        .unwrap_or(decide_filter::DEFAULT_MIN_PROBABILITY);
+    let mut rule = Rule::Threshold(
+        filter
+            .min_probability
+            .unwrap_or(decide_filter::DEFAULT_MIN_PROBABILITY),
+    );
     for next in reader {
         let (at, case) = next?;
         let at = || at.clone();
@@ -177,7 +187,13 @@ fn evaluate_cases_to(
         // Called tools are scored too: they pass either way, but ranked at 1.0 they would measure
         // the conversation's history rather than the model.
         let provider = build_filter_scoring(engine, case.tools, filter, true)?;
-        threshold = provider.min_probability();
+        rule = match provider.companion_min_probability() {
+            Some(companion_min_probability) => Rule::Gate {
+                min_probability: provider.min_probability(),
+                companion_min_probability,
+            },
+            None => Rule::Threshold(provider.min_probability()),
+        };
         let (selection, scores) = select(&provider, &case.messages).with_context(at)?;
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         // A fallback passes tools without probabilities: measuring it would score the fallback, not the model.
@@ -203,7 +219,8 @@ fn evaluate_cases_to(
                 Candidate::new(s.name.clone(), probability)
             });
         }
-        let scored = ScoredCase::new(expected, candidates, latency_ms, pairs);
+        let scored = ScoredCase::new(expected, candidates, latency_ms, pairs)
+            .with_needs_tool(selection.gate.and_then(|g| g.answer));
         // Checked here, where the line number is known, rather than by `evaluate` at the end.
         scored
             .check()
@@ -215,7 +232,7 @@ fn evaluate_cases_to(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let report = evaluate(&cases, threshold).with_context(|| data.display().to_string())?;
+    let report = evaluate_with(&cases, rule).with_context(|| data.display().to_string())?;
     Ok((report, cases))
 }
 
@@ -243,7 +260,10 @@ impl CasesOut {
                 json!({"tool": c.name, "probability": c.probability})
             })
             .collect();
-        let line = json!({"id": id, "expected": case.expected, "ranking": ranked});
+        let mut line = json!({"id": id, "expected": case.expected, "ranking": ranked});
+        if let Some(p) = case.needs_tool {
+            line["needs_tool"] = json!(p);
+        }
         writeln!(self.out, "{line}").with_context(|| format!("--cases-out {}", self.path.display()))
     }
 

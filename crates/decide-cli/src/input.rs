@@ -87,12 +87,21 @@ pub struct Case {
     pub expected: Option<Vec<String>>,
 }
 
+/// Which tools a case of a [`Cases`] file must have.
+#[derive(Clone, Copy)]
+enum Tools<'a> {
+    /// On its line, or else these.
+    Needed(Option<&'a [ToolSpecification]>),
+    /// None needed: its conversation and labels are what is read (`tools` is empty then).
+    NotRead,
+}
+
 /// Parses one JSONL line; errors name the file, the line and the field.
-pub fn parse_case(
+fn parse_case(
     path: &Path,
     line_no: usize,
     line: &str,
-    catalogue: Option<&[ToolSpecification]>,
+    tools_rule: Tools<'_>,
 ) -> anyhow::Result<Case> {
     let at = || format!("{}:{line_no}", path.display());
     let value: Value = serde_json::from_str(line).map_err(|e| {
@@ -111,15 +120,16 @@ pub fn parse_case(
         Some(m) => parse_messages(m).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?,
         None => bail!("{}: messages: missing", at()),
     };
-    let tools = match (obj.get("tools"), catalogue) {
+    let tools = match (obj.get("tools"), tools_rule) {
+        (_, Tools::NotRead) => Vec::new(),
         (Some(t), _) => parse_tools(t).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?,
-        (None, Some(c)) => c.to_vec(),
-        (None, None) => bail!(
+        (None, Tools::Needed(Some(c))) => c.to_vec(),
+        (None, Tools::Needed(None)) => bail!(
             "{}: tools: missing (give them on the line or with --tools)",
             at()
         ),
     };
-    if tools.is_empty() {
+    if tools.is_empty() && !matches!(tools_rule, Tools::NotRead) {
         bail!("{}: tools: empty", at());
     }
     let expected = match obj.get("expected") {
@@ -130,7 +140,8 @@ pub fn parse_case(
                 let Some(name) = item.as_str() else {
                     bail!("{}: expected[{i}]: expected a tool name", at());
                 };
-                if !tools.iter().any(|t| t.name == name) {
+                let read = !matches!(tools_rule, Tools::NotRead);
+                if read && !tools.iter().any(|t| t.name == name) {
                     bail!("{}: expected[{i}]: unknown tool \"{name}\"", at());
                 }
                 names.push(name.to_string());
@@ -182,6 +193,7 @@ pub struct Cases {
     pub total: u64,
     path: std::path::PathBuf,
     catalogue: Option<Vec<ToolSpecification>>,
+    read_tools: bool,
     ids: std::collections::HashSet<String>,
     lines: Box<dyn Iterator<Item = anyhow::Result<(usize, String)>>>,
 }
@@ -212,9 +224,17 @@ impl Cases {
             total,
             path: args.data.clone(),
             catalogue,
+            read_tools: true,
             ids: std::collections::HashSet::new(),
             lines,
         })
+    }
+
+    /// The same file, its cases read for their conversations and labels only: no line needs
+    /// tools, and the cases come with none.
+    pub fn without_tools(mut self) -> Self {
+        self.read_tools = false;
+        self
     }
 
     fn at(&self, line_no: usize) -> String {
@@ -232,8 +252,12 @@ impl Iterator for Cases {
             Ok(line) => line,
             Err(e) => return Some(Err(e)),
         };
+        let tools = match self.read_tools {
+            true => Tools::Needed(self.catalogue.as_deref()),
+            false => Tools::NotRead,
+        };
         Some(
-            parse_case(&self.path, line_no, &text, self.catalogue.as_deref()).and_then(|case| {
+            parse_case(&self.path, line_no, &text, tools).and_then(|case| {
                 if self.ids.insert(case.id.to_string()) {
                     Ok((self.at(line_no), case))
                 } else {

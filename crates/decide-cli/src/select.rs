@@ -34,6 +34,7 @@ fn options(args: &FilterArgs) -> FilterOptions {
         max_message_length: Some(args.max_message_length),
         always_include: args.always_include.clone(),
         fallback: Some(args.fallback),
+        needs_tool_gate: args.needs_tool_gate,
     }
 }
 
@@ -68,9 +69,15 @@ pub fn build_filter_scoring(
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(tools)))
         .decision_model(engine.decision_model())
         .score_called_tools(score_called);
-    opts.apply(builder, || {
-        engine.require_conformal().context("--target-recall")
-    })?
+    if args.needs_tool_gate == Some(true) && args.target_recall.is_some() {
+        bail!("--needs-tool-gate: cannot be combined with --target-recall, whose recall is promised for one threshold")
+    }
+    let companion = engine.needs_tool().map(|h| h.companion_min_probability);
+    opts.apply(
+        builder,
+        || engine.require_conformal().context("--target-recall"),
+        companion,
+    )?
     .build()
     .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
 }
@@ -143,15 +150,22 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         if let Some(f) = &selection.fallback {
             json["fallback"] = serde_json::json!({ "strategy": f.strategy, "reason": f.reason });
         }
+        if let Some(g) = &selection.gate {
+            json["needs_tool"] = serde_json::to_value(g)?;
+        }
         writeln!(out, "{json}")?;
         return Ok(());
     }
-    let threshold = match filter.target_recall() {
-        Some(r) => format!(
+    let threshold = match (filter.target_recall(), filter.companion_min_probability()) {
+        (Some(r), _) => format!(
             "target recall {r}: min probability {}",
             filter.min_probability()
         ),
-        None => format!("min probability {}", filter.min_probability()),
+        (None, Some(companion)) => format!(
+            "needs a tool at {}, then tools from {companion}",
+            filter.min_probability()
+        ),
+        (None, None) => format!("min probability {}", filter.min_probability()),
     };
     writeln!(
         out,
@@ -164,6 +178,18 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
     )?;
     if let Some(f) = &selection.fallback {
         writeln!(out, "fallback {}: {}", f.strategy, f.reason)?;
+    }
+    if let Some(g) = &selection.gate {
+        let head = match g.answer {
+            Some(p) => format!("head {p:.3}"),
+            None => "no needs-tool head".to_string(),
+        };
+        writeln!(
+            out,
+            "needs a tool: {:.3} ({head}, with the best tool), {}",
+            g.probability,
+            if g.open { "yes" } else { "no" }
+        )?;
     }
     let width = scores
         .iter()

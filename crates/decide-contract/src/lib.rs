@@ -87,10 +87,11 @@ pub use listener::{
 };
 pub use mock::MockDecisionModel;
 pub use model::{DecisionFuture, DecisionModel};
+pub use request::needs_tool_probability;
 pub use request::{
     Candidate, ChoiceOption, ChoiceQuestion, ChoiceQuestionBuilder, DecisionInput, DecisionRequest,
     DecisionRequestBuilder, DecisionRequestParameters, Question, ScaleLevel, ScaleQuestion,
-    ScaleQuestionBuilder, YesNoQuestion, YesNoQuestionBuilder,
+    ScaleQuestionBuilder, YesNoQuestion, YesNoQuestionBuilder, NEEDS_TOOL_QUESTION,
 };
 pub use response::{
     Answer, ChoiceAnswer, DecisionResponse, DecisionResponseBuilder, ScaleAnswer, TokenUsage,

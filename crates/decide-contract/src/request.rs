@@ -276,8 +276,54 @@ pub struct YesNoQuestion {
     candidate: Option<Candidate>,
 }
 
+/// The text of [`YesNoQuestion::needs_tool`], the question about a conversation as a whole
+/// that a tool filter asks beside one question per tool.
+pub const NEEDS_TOOL_QUESTION: &str =
+    "Does answering the conversation's latest message need a call to one of the tools?";
+
+/// Whether a conversation needs a tool, from the answer to [`YesNoQuestion::needs_tool`]
+/// (`None` when the model refused it) and the probability of its most probable tool: the
+/// larger of the best tool's probability and the two taken as independent evidence (their
+/// log-odds added). So the answer can only raise it: a conversation the head finds in need of
+/// a tool passes with a less probable best tool, and a best tool that passes on its own passes
+/// whatever the head says, since a head that reads only the conversation is least sure where
+/// the tools' probabilities are surest, after tool results. Without the answer it is the best
+/// tool's probability.
+pub fn needs_tool_probability(needs_tool: Option<f64>, best_tool: f64) -> f64 {
+    let logit = |p: f64| {
+        let p = p.clamp(1e-9, 1.0 - 1e-9);
+        (p / (1.0 - p)).ln()
+    };
+    match needs_tool {
+        Some(p) => best_tool.max(1.0 / (1.0 + (-(logit(p) + logit(best_tool))).exp())),
+        None => best_tool,
+    }
+}
+
 impl YesNoQuestion {
     const KIND: &'static str = "yes/no";
+
+    /// Whether the conversation needs any tool at all: a question with [`NEEDS_TOOL_QUESTION`]
+    /// as its text and nothing else. A model that reads questions (an LLM) answers it as it
+    /// reads; a model that scores documents cannot, and should refuse it unless it knows the
+    /// question ([`is_needs_tool`](Self::is_needs_tool)) and has a way to answer it (decide's
+    /// engine answers it with a model's needs-tool head).
+    pub fn needs_tool() -> Self {
+        Self {
+            text: NEEDS_TOOL_QUESTION.to_owned(),
+            yes_when: None,
+            no_when: None,
+            candidate: None,
+        }
+    }
+
+    /// Whether this is [`needs_tool`](Self::needs_tool)'s question.
+    pub fn is_needs_tool(&self) -> bool {
+        self.text == NEEDS_TOOL_QUESTION
+            && self.yes_when.is_none()
+            && self.no_when.is_none()
+            && self.candidate.is_none()
+    }
 
     /// A yes/no question with only a text, which must not be blank.
     pub fn new(text: impl Into<String>) -> Result<Self> {
@@ -1579,5 +1625,34 @@ mod tests {
             err.to_string().contains("question 'q' is already defined"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_needs_tool_question_is_known_by_its_text_alone_and_survives_the_wire() {
+        let q = YesNoQuestion::needs_tool();
+        assert!(q.is_needs_tool());
+        let back: YesNoQuestion =
+            serde_json::from_value(serde_json::to_value(&q).unwrap()).unwrap();
+        assert!(back.is_needs_tool());
+        // The same text about a candidate is a question about that candidate.
+        let about_a_tool = YesNoQuestion::builder(NEEDS_TOOL_QUESTION)
+            .candidate("get_weather", "Weather")
+            .build()
+            .unwrap();
+        assert!(!about_a_tool.is_needs_tool());
+        assert!(!YesNoQuestion::new("Needs a tool?").unwrap().is_needs_tool());
+    }
+
+    #[test]
+    fn the_head_only_ever_raises_the_best_tools_probability() {
+        assert_eq!(needs_tool_probability(None, 0.3), 0.3);
+        // logit(0.8) + logit(0.4) = 1.386 - 0.405: 0.727.
+        assert!((needs_tool_probability(Some(0.8), 0.4) - 0.72727).abs() < 1e-5);
+        // A head that finds no need leaves the best tool's probability.
+        assert_eq!(needs_tool_probability(Some(0.01), 0.9), 0.9);
+        assert_eq!(needs_tool_probability(Some(0.5), 0.42), 0.42);
+        // Certain answers stay finite.
+        assert!(needs_tool_probability(Some(1.0), 0.0) <= 1.0);
+        assert!(needs_tool_probability(Some(0.0), 0.0) < 1e-12);
     }
 }

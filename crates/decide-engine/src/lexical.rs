@@ -30,7 +30,7 @@ use std::collections::HashMap;
 
 use decide_contract::{DecisionError, DecisionModel, DecisionRequest, DecisionResponse};
 
-use crate::answering::{plan, respond, yes_no_raw, Scorer};
+use crate::answering::{plan, respond, yes_no_raw, Scored, Scorer};
 use crate::calibration::Calibration;
 
 /// BM25's term-frequency saturation.
@@ -305,7 +305,11 @@ impl DecisionModel for Bm25Model {
         respond(
             request,
             &plans,
-            &raw,
+            // BM25 has no embedding to answer the needs-tool question from.
+            Scored {
+                raw: &raw,
+                needs_tool: None,
+            },
             self.calibration,
             BM25_MODEL_NAME,
             words(&query).len(),

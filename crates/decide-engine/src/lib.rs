@@ -80,6 +80,7 @@ pub mod bench;
 mod calibration;
 mod error;
 pub mod lexical;
+mod needs_tool;
 #[cfg(feature = "hub")]
 mod pull;
 pub mod registry;
@@ -97,6 +98,7 @@ pub use calibration::{sigmoid, softmax, Calibration};
 pub use decide_contract::Conformal;
 pub use error::{EngineError, Result};
 pub use lexical::{Bm25Model, BM25_MODEL_NAME};
+pub use needs_tool::NeedsTool;
 #[cfg(feature = "hub")]
 pub use pull::pull;
 pub use registry::{Build, HeadName, Manifest, ModelLocation, Scoring, BASE_MODEL, DEFAULT_MODEL};

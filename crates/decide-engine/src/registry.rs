@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::calibration::Calibration;
 use crate::error::{EngineError, Result};
+use crate::needs_tool::NeedsTool;
 
 /// The name of the default model: all-MiniLM-L6-v2 with its top layers trained to select
 /// tools, built by `models/fetch` from [`BASE_MODEL`] and the trained layers committed in
@@ -90,6 +91,10 @@ pub struct Manifest {
     /// `[calibration]` and `[scoring]` above only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conformal: Option<Conformal>,
+    /// The needs-tool head and the threshold of the further tools, written by
+    /// `decide calibrate --needs-tool-data`; see [`NeedsTool`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs_tool: Option<NeedsTool>,
     /// sha256 of each file, by path relative to the model folder.
     pub files: BTreeMap<String, String>,
 }
@@ -248,6 +253,54 @@ impl Manifest {
                 doc["conformal"] = fresh;
             }
         }
+        replace_file(path, &doc.to_string())
+    }
+}
+
+impl Manifest {
+    /// Writes a fitted needs-tool head as the `[needs_tool]` table of the manifest at `path`
+    /// (replacing one that is there), each weight to six decimals, ten to a line, keeping the
+    /// rest of the file as it was.
+    pub fn update_needs_tool(path: &Path, head: &NeedsTool) -> Result<()> {
+        let head = head.rounded();
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::bad_file(path, e))?;
+        let mut doc: toml_edit::DocumentMut = text
+            .parse()
+            .map_err(|e: toml_edit::TomlError| EngineError::bad_file(path, e.message()))?;
+        let mut table = toml_edit::Table::new();
+        table["source"] = toml_edit::value(head.source.as_str());
+        table["cases"] = toml_edit::value(head.cases as i64);
+        table["companion_min_probability"] = toml_edit::value(head.companion_min_probability);
+        table["bias"] = toml_edit::value(head.bias);
+        let mut array = toml_edit::Array::new();
+        for (i, w) in head.weights.iter().enumerate() {
+            let mut v = toml_edit::Value::from(*w);
+            v.decor_mut()
+                .set_prefix(if i % 10 == 0 { "\n  " } else { " " });
+            array.push_formatted(v);
+        }
+        array.set_trailing("\n");
+        array.set_trailing_comma(true);
+        table["weights"] = toml_edit::value(array);
+        let prefix = match doc.get("needs_tool") {
+            Some(toml_edit::Item::Table(old)) => old.decor().prefix().cloned(),
+            _ => None,
+        }
+        .unwrap_or_else(|| {
+            "\n# Whether a conversation needs any tool, from its embedding (logistic regression on\n\
+             # the normalized embedding); written by `decide calibrate --needs-tool-data`.\n"
+                .into()
+        });
+        table.decor_mut().set_prefix(prefix);
+        doc.remove("needs_tool");
+        // Before [files], which the repository's scripts keep last.
+        if let Some(files) = doc.get_mut("files").and_then(toml_edit::Item::as_table_mut) {
+            if let Some(at) = files.position() {
+                table.set_position(at);
+                files.set_position(at + 1);
+            }
+        }
+        doc["needs_tool"] = toml_edit::Item::Table(table);
         replace_file(path, &doc.to_string())
     }
 }

@@ -584,3 +584,107 @@ fn a_cascade_rescores_the_shortlist_with_a_cross_encoder() {
         assert!((got - want).abs() < 1e-9, "{name}: {got} vs {want}");
     }
 }
+
+fn needs_tool_request(conversation: &str, with_tools: bool) -> DecisionRequest {
+    let mut b = match with_tools {
+        true => tool_request(conversation).to_builder(),
+        false => DecisionRequest::builder().input(conversation_input(conversation)),
+    };
+    b = b.question("needs_tool", YesNoQuestion::needs_tool());
+    b.build().unwrap()
+}
+
+#[test]
+fn the_default_models_head_answers_whether_any_tool_is_needed() {
+    let head = engine()
+        .needs_tool()
+        .expect("the default model has a needs-tool head");
+    for (text, needs) in [
+        ("Will it rain in Paris tomorrow?", true),
+        ("Send Anna an email saying the meeting moved to 3pm", true),
+        ("hi! how are you?", false),
+    ] {
+        let request = needs_tool_request(text, true);
+        let response = engine().decide(&request).unwrap();
+        let p = response.yes_no("needs_tool").unwrap().probability();
+        assert_eq!(p >= 0.5, needs, "{text}: {p}");
+        // It is the head on the conversation's embedding, with tools to score or without.
+        let embedding = &engine()
+            .conversation_embeddings(std::slice::from_ref(request.input()))
+            .unwrap()[0];
+        assert!(
+            relative_close(p, head.probability(embedding).unwrap(), 1e-6),
+            "{text}"
+        );
+        let alone = engine().decide(&needs_tool_request(text, false)).unwrap();
+        let q = alone.yes_no("needs_tool").unwrap().probability();
+        assert!(
+            relative_close(p, q, 1e-6),
+            "{text}: {p} with tools, {q} without"
+        );
+        // The tools' answers do not change for being asked beside it.
+        let plain = engine().decide(&tool_request(text)).unwrap();
+        for i in 0..TOOLS.len() {
+            let name = format!("tool{i}");
+            assert_eq!(
+                plain.yes_no(&name).unwrap().probability(),
+                response.yes_no(&name).unwrap().probability()
+            );
+        }
+        // A yes/no score is a tool's alone: the question without a document has none.
+        let scores = engine().yes_no_scores(&request).unwrap();
+        assert_eq!(scores.len(), TOOLS.len());
+    }
+}
+
+#[test]
+fn a_model_without_a_head_refuses_the_needs_tool_question() {
+    let base = Engine::builder().model("all-MiniLM-L6-v2").build().unwrap();
+    assert!(base.needs_tool().is_none());
+    let response = base
+        .decide(&needs_tool_request("Will it rain in Paris tomorrow?", true))
+        .unwrap();
+    assert!(response.is_refused("needs_tool"));
+    assert!(response.yes_no("tool0").is_ok());
+}
+
+#[test]
+fn a_head_of_the_wrong_width_is_named_at_load() {
+    let src = engine().info().dir.clone();
+    let dir = std::env::temp_dir().join(format!("decide-head-{}", std::process::id()));
+    copy_dir(&src, &dir);
+    let manifest = std::fs::read_to_string(dir.join("manifest.toml")).unwrap();
+    let start = manifest
+        .find("weights = [")
+        .expect("the manifest has a head");
+    let end = start + manifest[start..].find(']').unwrap() + 1;
+    let cut = format!(
+        "{}weights = [0.5, 0.5]{}",
+        &manifest[..start],
+        &manifest[end..]
+    );
+    std::fs::write(dir.join("manifest.toml"), cut).unwrap();
+    let err = Engine::builder()
+        .model(dir.to_str().unwrap())
+        .build()
+        .unwrap_err()
+        .to_string();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        err.contains("manifest.toml") && err.contains("[needs_tool] weights"),
+        "{err}"
+    );
+}
+
+fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), to).unwrap();
+        }
+    }
+}

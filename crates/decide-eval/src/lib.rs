@@ -39,7 +39,10 @@
 //! * **MRR**: over the cases with at least one expected tool, the mean of 1 / rank of the best-ranked expected tool
 //!   (ranks start at 1).
 //! * **Selected set** at the threshold `t`: the candidates with probability ≥ `t` (inclusive, as the filter's
-//!   `min_probability`).
+//!   `min_probability`). With the needs-tool gate ([`Rule::Gate`], as the filter's `needs_tool_gate`): nothing
+//!   unless [`needs_tool_probability`] of the case's [`needs_tool`](ScoredCase::needs_tool) answer and the
+//!   probability of its best candidate asked about (the first-ranked of those not passed without asking) reaches
+//!   `t`; then that candidate and every candidate whose probability reaches the companion threshold.
 //!   * **precision**: micro-averaged over all (case, tool) pairs, TP / (TP + FP), where TP counts selected expected
 //!     tools and FP selected tools that were not expected; `None` when nothing was selected in any case.
 //!   * **recall**: micro-averaged, TP / (TP + FN), where FN counts expected tools that were not selected; `None`
@@ -104,6 +107,7 @@
 
 use std::collections::HashSet;
 
+use decide_contract::needs_tool_probability;
 use serde::Serialize;
 
 #[cfg(test)]
@@ -214,6 +218,62 @@ pub struct ScoredCase {
     pub latency_ms: f64,
     /// How many (conversation, tool) pairs the model scored.
     pub pairs: usize,
+    /// The model's answer to whether the conversation needs any tool, which [`Rule::Gate`] reads; `None` when it
+    /// was not asked or the model refused.
+    pub needs_tool: Option<f64>,
+}
+
+/// How the selected set of a case is taken.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// The candidates whose probability reaches the threshold.
+    Threshold(f64),
+    /// The needs-tool gate at `min_probability`, then the best candidate and those reaching
+    /// `companion_min_probability`; see the [crate documentation](crate).
+    Gate {
+        /// The threshold of the gate's probability.
+        min_probability: f64,
+        /// The threshold of the further candidates once the gate is open.
+        companion_min_probability: f64,
+    },
+}
+
+impl Rule {
+    fn threshold(self) -> f64 {
+        match self {
+            Rule::Threshold(t) => t,
+            Rule::Gate {
+                min_probability, ..
+            } => min_probability,
+        }
+    }
+
+    /// Whether each candidate of `case` is selected, in candidate order; `order` is the case's [`ranking`].
+    fn select(self, case: &ScoredCase, order: &[usize]) -> Vec<bool> {
+        match self {
+            Rule::Threshold(t) => case.candidates.iter().map(|c| c.probability >= t).collect(),
+            Rule::Gate {
+                min_probability,
+                companion_min_probability,
+            } => {
+                let mut selected = vec![false; case.candidates.len()];
+                let Some(&best) = order
+                    .iter()
+                    .find(|&&i| !case.candidates[i].passed_without_asking)
+                else {
+                    return selected;
+                };
+                let top = case.candidates[best].probability;
+                if needs_tool_probability(case.needs_tool, top) < min_probability {
+                    return selected;
+                }
+                for (i, c) in case.candidates.iter().enumerate() {
+                    selected[i] = i == best || c.probability >= companion_min_probability;
+                }
+                selected
+            }
+        }
+    }
 }
 
 impl ScoredCase {
@@ -229,7 +289,14 @@ impl ScoredCase {
             candidates: candidates.into_iter().collect(),
             latency_ms,
             pairs,
+            needs_tool: None,
         }
+    }
+
+    /// The case with the model's answer to whether its conversation needs any tool.
+    pub fn with_needs_tool(mut self, answer: Option<f64>) -> Self {
+        self.needs_tool = answer;
+        self
     }
 
     /// Checks the case on its own, so that a caller reading cases one by one can name the bad one where it read
@@ -335,8 +402,10 @@ pub struct Report {
     pub no_tool_cases: usize,
     /// The (conversation, tool) pairs scored, over all cases.
     pub pairs: usize,
-    /// The threshold the selected set was taken at (inclusive).
+    /// The threshold the selected set was taken at (inclusive); with the needs-tool gate, the gate's.
     pub threshold: f64,
+    /// With the needs-tool gate, the threshold of the further tools once the gate is open.
+    pub companion_min_probability: Option<f64>,
     /// Share of single-tool cases whose first-ranked tool is the expected one.
     pub top1_accuracy: Option<f64>,
     /// Mean share of the expected tools among the first ranked tool.
@@ -400,11 +469,28 @@ fn nearest_rank(sorted: &[f64], percent: usize) -> f64 {
 ///
 /// Fails on an empty input, a threshold outside `[0, 1]`, or a case that fails [`ScoredCase::check`].
 pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalError> {
+    evaluate_with(cases, Rule::Threshold(threshold))
+}
+
+/// Computes every metric of `cases`, selecting by `rule`.
+///
+/// Fails on an empty input, a threshold outside `[0, 1]`, or a case that fails [`ScoredCase::check`].
+pub fn evaluate_with(cases: &[ScoredCase], rule: Rule) -> Result<Report, EvalError> {
     if cases.is_empty() {
         return Err(EvalError::NoCases);
     }
-    if !(0.0..=1.0).contains(&threshold) {
-        return Err(EvalError::InvalidThreshold(threshold));
+    let threshold = rule.threshold();
+    let companion = match rule {
+        Rule::Gate {
+            companion_min_probability,
+            ..
+        } => Some(companion_min_probability),
+        Rule::Threshold(_) => None,
+    };
+    for t in std::iter::once(threshold).chain(companion) {
+        if !(0.0..=1.0).contains(&t) {
+            return Err(EvalError::InvalidThreshold(t));
+        }
     }
     for (index, case) in cases.iter().enumerate() {
         case.check()
@@ -457,9 +543,8 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
 
         let mut selected_any = false;
         let mut missed = false;
-        for c in &case.candidates {
+        for (c, selected) in case.candidates.iter().zip(rule.select(case, &order)) {
             let label = case.is_expected(&c.name);
-            let selected = c.probability >= threshold;
             selected_any |= selected;
             selected_total += usize::from(selected || c.passed_without_asking);
             match (selected, label) {
@@ -495,6 +580,7 @@ pub fn evaluate(cases: &[ScoredCase], threshold: f64) -> Result<Report, EvalErro
         no_tool_cases,
         pairs: pairs_total,
         threshold,
+        companion_min_probability: companion,
         top1_accuracy: share(top1_hits, single_tool_cases),
         recall_at_1: recall_at(0),
         recall_at_3: recall_at(1),

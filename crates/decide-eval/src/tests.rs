@@ -2,7 +2,10 @@
 
 use std::collections::HashSet;
 
-use crate::{evaluate, ranking, split_by_seen, Candidate, CaseError, EvalError, ScoredCase};
+use crate::{
+    evaluate, evaluate_with, ranking, split_by_seen, Candidate, CaseError, EvalError, Rule,
+    ScoredCase,
+};
 
 fn case(
     expected: &[&str],
@@ -472,4 +475,51 @@ fn a_scored_tool_passed_without_asking_ranks_by_its_probability_and_counts_only_
     close_some(r.recall, 1.0);
     // Selected: t0 in both (passed), t1 in the second.
     close(r.mean_selected, 1.5);
+}
+
+/// The needs-tool gate at 0.5 with companions from 0.2, by hand: case 1's best tool (0.6) opens it, and b (0.3)
+/// passes with it; case 2's best (0.4) alone does not, but a head answer of 0.8 does (logit 1.386 − 0.405 = 0.981,
+/// probability 0.727), and with it c (0.25); case 3 needs nothing and its best (0.3) keeps it shut; case 4's best
+/// is passed without asking, so the gate reads the best asked tool (0.1) and stays shut.
+#[test]
+fn the_gate_selects_by_hand() {
+    let cases = vec![
+        case(&["a", "b"], &[("a", 0.6), ("b", 0.3), ("c", 0.1)], 1.0, 3),
+        case(&["a", "c"], &[("a", 0.4), ("b", 0.1), ("c", 0.25)], 1.0, 3)
+            .with_needs_tool(Some(0.8)),
+        case(&[], &[("a", 0.3), ("b", 0.25)], 1.0, 2),
+        ScoredCase::new(
+            ["a"],
+            [Candidate::passed("a", 0.9), Candidate::new("b", 0.1)],
+            1.0,
+            2,
+        ),
+    ];
+    let rule = Rule::Gate {
+        min_probability: 0.5,
+        companion_min_probability: 0.2,
+    };
+    let r = evaluate_with(&cases, rule).unwrap();
+    assert_eq!(r.threshold, 0.5);
+    assert_eq!(r.companion_min_probability, Some(0.2));
+    // Needed: a, b, a, c, a; selected of them: a, b (case 1), a, c (case 2); case 4's a is passed without asking
+    // but the shut gate does not select it.
+    close_some(r.recall, 4.0 / 5.0);
+    close_some(r.precision, 1.0);
+    close_some(r.no_tool_none_selected, 1.0);
+    // Selected per case: 2, 2, 0, and case 4's tool passed without asking.
+    close(r.mean_selected, 5.0 / 4.0);
+    // At one threshold of 0.5, only case 1's a and case 4's a.
+    let plain = evaluate(&cases, 0.5).unwrap();
+    close_some(plain.recall, 2.0 / 5.0);
+    assert_eq!(plain.companion_min_probability, None);
+    // The companion threshold is checked like the threshold.
+    let bad = Rule::Gate {
+        min_probability: 0.5,
+        companion_min_probability: 1.5,
+    };
+    assert_eq!(
+        evaluate_with(&cases, bad),
+        Err(EvalError::InvalidThreshold(1.5))
+    );
 }

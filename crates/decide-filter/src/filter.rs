@@ -10,12 +10,12 @@ use decide_chat::{
     UserMessage,
 };
 use decide_contract::{
-    Conformal, DecisionError, DecisionInput, DecisionModel, DecisionRequest, InvalidTargetRecall,
-    YesNoQuestion,
+    needs_tool_probability, Conformal, DecisionError, DecisionInput, DecisionModel,
+    DecisionRequest, InvalidTargetRecall, YesNoQuestion,
 };
 
 use crate::error::FilterError;
-use crate::selection::{Fallback, FallbackUsed, Reason, Selection, ToolDecision};
+use crate::selection::{Fallback, FallbackUsed, Gate, Reason, Selection, ToolDecision};
 use crate::template::{QuestionTemplate, DEFAULT_QUESTION_TEMPLATE};
 
 /// The default [`min_probability`](FilteringToolProviderBuilder::min_probability): a tool passes when the model
@@ -36,6 +36,7 @@ pub struct FilteringToolProvider {
     decision_model: Arc<dyn DecisionModel>,
     min_probability: f64,
     target_recall: Option<f64>,
+    companion_min_probability: Option<f64>,
     max_results: Option<usize>,
     max_messages: usize,
     message_filter: Option<MessageFilter>,
@@ -58,6 +59,7 @@ impl FilteringToolProvider {
             decision_model,
             min_probability: DEFAULT_MIN_PROBABILITY,
             target_recall: None,
+            companion_min_probability: None,
             max_results: None,
             max_messages: DEFAULT_MAX_MESSAGES,
             message_filter: None,
@@ -85,6 +87,12 @@ impl FilteringToolProvider {
     /// [`target_recall`](FilteringToolProviderBuilder::target_recall).
     pub fn target_recall(&self) -> Option<f64> {
         self.target_recall
+    }
+
+    /// With the needs-tool gate ([`needs_tool_gate`](FilteringToolProviderBuilder::needs_tool_gate)), the
+    /// probability at which further tools pass once the conversation needs one; `None` without the gate.
+    pub fn companion_min_probability(&self) -> Option<f64> {
+        self.companion_min_probability
     }
 
     /// The most tools the model may select, on top of those passed without asking; `None` for no limit.
@@ -239,6 +247,7 @@ impl FilteringToolProvider {
                 decisions,
                 fallback: None,
                 decision_requests: 0,
+                gate: None,
             });
         };
 
@@ -277,12 +286,14 @@ impl FilteringToolProvider {
                 decisions[i].probability = *probability;
             }
             match outcome {
-                Ok(()) => {
+                Ok(answer) => {
                     let asked_probabilities: Vec<Option<f64>> =
                         asked.iter().map(|&i| decisions[i].probability).collect();
-                    for i in self.passing(&asked, &asked_probabilities) {
+                    let (passing, gate) = self.passing(&asked, &asked_probabilities, answer);
+                    for i in passing {
                         decisions[i].passed = true;
                     }
+                    selection.gate = gate;
                 }
                 Err(error) => {
                     let pass_all = match self.fallback {
@@ -327,12 +338,14 @@ impl FilteringToolProvider {
     }
 
     /// Asks the model about every candidate, batch after batch, and stops at the first failure or refusal. Returns
-    /// the probabilities answered so far (for the report), how many requests were sent, and the outcome.
+    /// the probabilities answered so far (for the report), how many requests were sent, and the outcome: with the
+    /// needs-tool gate, the answer to [`YesNoQuestion::needs_tool`], asked in the first request (`None` when the
+    /// model refused that one question, which is no failure: the gate then reads the tools alone).
     fn ask(
         &self,
         input: &DecisionInput,
         candidates: &[&ToolSpecification],
-    ) -> (Vec<Option<f64>>, usize, Result<(), DecisionError>) {
+    ) -> (Vec<Option<f64>>, usize, Result<Option<f64>, DecisionError>) {
         let mut probabilities = vec![None; candidates.len()];
         let requests = match self.decision_requests(input, candidates) {
             Ok(requests) => requests,
@@ -343,40 +356,107 @@ impl FilteringToolProvider {
             .unwrap_or(candidates.len())
             .max(1);
         let mut sent = 0;
+        let mut needs_tool = None;
         for (b, request) in requests.iter().enumerate() {
             sent += 1;
-            let answered = self.decision_model.decide(request).and_then(|response| {
-                (0..request.questions().len())
+            let gated = b == 0 && self.companion_min_probability.is_some();
+            let with_gate;
+            let to_send = if gated {
+                match with_gate_question(request) {
+                    Ok(r) => {
+                        with_gate = r;
+                        &with_gate
+                    }
+                    Err(error) => return (probabilities, sent, Err(error)),
+                }
+            } else {
+                request
+            };
+            let answered = self.decision_model.decide(to_send).and_then(|response| {
+                let tools = (0..request.questions().len())
                     .map(|i| Ok(response.yes_no(&format!("tool{i}"))?.probability()))
-                    .collect::<Result<Vec<f64>, DecisionError>>()
+                    .collect::<Result<Vec<f64>, DecisionError>>()?;
+                let answer = match gated && !response.is_refused(NEEDS_TOOL) {
+                    true => Some(response.yes_no(NEEDS_TOOL)?.probability()),
+                    false => None,
+                };
+                Ok((tools, answer))
             });
             match answered {
-                Ok(answers) => {
+                Ok((answers, answer)) => {
                     for (i, p) in answers.into_iter().enumerate() {
                         let index = b * batch + i;
                         tracing::debug!(tool = %candidates[index].name, probability = p, "tool relevance");
                         probabilities[index] = Some(p);
                     }
+                    if gated {
+                        tracing::debug!(probability = ?answer, "needs a tool");
+                        needs_tool = answer;
+                    }
                 }
                 Err(error) => return (probabilities, sent, Err(error)),
             }
         }
-        (probabilities, sent, Ok(()))
+        (probabilities, sent, Ok(needs_tool))
     }
 
-    /// The candidates that pass: probability at least `min_probability`, then the `max_results` most probable
-    /// (earlier tools win ties, so the result does not depend on sort stability).
-    fn passing(&self, candidates: &[usize], probabilities: &[Option<f64>]) -> Vec<usize> {
-        let mut passing: Vec<(usize, f64)> = candidates
+    /// The candidates that pass, and with the needs-tool gate what it decided on. Without the gate: probability at
+    /// least `min_probability`. With it: nothing unless [`needs_tool_probability`] of the model's `answer` and the
+    /// best candidate's probability reaches `min_probability`, and then the best candidate and every one whose
+    /// probability reaches `companion_min_probability`. Then the `max_results` most probable (earlier tools win
+    /// ties, so the result does not depend on sort stability).
+    fn passing(
+        &self,
+        candidates: &[usize],
+        probabilities: &[Option<f64>],
+        answer: Option<f64>,
+    ) -> (Vec<usize>, Option<Gate>) {
+        let scored: Vec<(usize, f64)> = candidates
             .iter()
             .zip(probabilities)
-            .filter_map(|(&i, p)| p.filter(|p| *p >= self.min_probability).map(|p| (i, p)))
+            .filter_map(|(&i, p)| p.map(|p| (i, p)))
             .collect();
+        let (mut passing, gate): (Vec<(usize, f64)>, Option<Gate>) =
+            match self.companion_min_probability {
+                None => (
+                    scored
+                        .into_iter()
+                        .filter(|(_, p)| *p >= self.min_probability)
+                        .collect(),
+                    None,
+                ),
+                Some(companion) => {
+                    // The first of equally probable tools is the best, as in the ranking.
+                    let best = scored
+                        .iter()
+                        .fold(None, |best: Option<(usize, f64)>, &(i, p)| match best {
+                            Some((_, b)) if b >= p => best,
+                            _ => Some((i, p)),
+                        });
+                    let Some((best, top)) = best else {
+                        return (Vec::new(), None);
+                    };
+                    let probability = needs_tool_probability(answer, top);
+                    let open = probability >= self.min_probability;
+                    let passing = scored
+                        .into_iter()
+                        .filter(|&(i, p)| open && (i == best || p >= companion))
+                        .collect();
+                    (
+                        passing,
+                        Some(Gate {
+                            answer,
+                            probability,
+                            open,
+                        }),
+                    )
+                }
+            };
         if let Some(max) = self.max_results {
             passing.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             passing.truncate(max);
         }
-        passing.into_iter().map(|(i, _)| i).collect()
+        (passing.into_iter().map(|(i, _)| i).collect(), gate)
     }
 
     /// The messages to render: the previous ones (filtered) with the current user message in place of this turn's
@@ -439,6 +519,7 @@ impl fmt::Debug for FilteringToolProvider {
             .field("decision_model", &self.decision_model.model_name())
             .field("min_probability", &self.min_probability)
             .field("target_recall", &self.target_recall)
+            .field("companion_min_probability", &self.companion_min_probability)
             .field("max_results", &self.max_results)
             .field("max_messages", &self.max_messages)
             .field("message_filter", &self.message_filter.is_some())
@@ -488,6 +569,17 @@ fn current_turn(history: &[ChatMessage], texts: &[String]) -> Option<usize> {
     None
 }
 
+/// The name of the needs-tool question in the first decision request; the tools' are `tool0`, `tool1`, ….
+const NEEDS_TOOL: &str = "needs_tool";
+
+/// `request` with [`YesNoQuestion::needs_tool`] added.
+fn with_gate_question(request: &DecisionRequest) -> Result<DecisionRequest, DecisionError> {
+    request
+        .to_builder()
+        .question(NEEDS_TOOL, YesNoQuestion::needs_tool())
+        .build()
+}
+
 /// The names of every tool called in `messages`, whatever the window or the message filter: the LLM provider sees
 /// the whole conversation.
 fn called_tools(messages: &[ChatMessage]) -> HashSet<&str> {
@@ -510,6 +602,7 @@ pub struct FilteringToolProviderBuilder {
     min_probability: Option<f64>,
     /// The target recall and the threshold the table gave for it, checked in `build`.
     target_recall: Option<(f64, Result<f64, InvalidTargetRecall>)>,
+    companion_min_probability: Option<f64>,
     max_results: Option<usize>,
     max_messages: usize,
     message_filter: Option<MessageFilter>,
@@ -528,6 +621,7 @@ impl Default for FilteringToolProviderBuilder {
             decision_model: None,
             min_probability: None,
             target_recall: None,
+            companion_min_probability: None,
             max_results: None,
             max_messages: DEFAULT_MAX_MESSAGES,
             message_filter: None,
@@ -571,6 +665,23 @@ impl FilteringToolProviderBuilder {
     /// caps the set. Setting both this and `min_probability` fails at `build`.
     pub fn target_recall(mut self, target_recall: f64, conformal: &Conformal) -> Self {
         self.target_recall = Some((target_recall, conformal.threshold(target_recall)));
+        self
+    }
+
+    /// Decide first whether the conversation needs any tool, then which: the first decision request also asks
+    /// [`YesNoQuestion::needs_tool`], and no tool passes unless
+    /// [`needs_tool_probability`] of its answer and the best tool's probability reaches
+    /// [`min_probability`](Self::min_probability); then the best tool passes, and with it every tool whose
+    /// probability reaches `companion_min_probability` (between 0 and 1). A model that refuses the question
+    /// (one without a needs-tool head) leaves the gate to the best tool's probability alone.
+    ///
+    /// One threshold on each tool's probability trades the tools a request needs against the requests that need
+    /// none: the best tool of a tersely written request is often under 0.5, and a follow-up that needs no tool
+    /// still has tools near it. The gate decides the second question on the conversation as a whole, so the
+    /// further tools can pass at a lower bar. Cannot be combined with
+    /// [`target_recall`](Self::target_recall), whose guarantee is for one threshold.
+    pub fn needs_tool_gate(mut self, companion_min_probability: f64) -> Self {
+        self.companion_min_probability = Some(companion_min_probability);
         self
     }
 
@@ -672,6 +783,20 @@ impl FilteringToolProviderBuilder {
                 format!("must be between 0 and 1, but was {min_probability}"),
             ));
         }
+        if let Some(companion) = self.companion_min_probability {
+            if target_recall.is_some() {
+                return Err(FilterError::config(
+                    "needs_tool_gate",
+                    "cannot be combined with target_recall, whose recall is promised for one threshold",
+                ));
+            }
+            if !(0.0..=1.0).contains(&companion) {
+                return Err(FilterError::config(
+                    "needs_tool_gate",
+                    format!("its companion_min_probability must be between 0 and 1, but was {companion}"),
+                ));
+            }
+        }
         for (option, value) in [
             ("max_results", self.max_results),
             ("max_messages", Some(self.max_messages)),
@@ -691,6 +816,7 @@ impl FilteringToolProviderBuilder {
             decision_model,
             min_probability,
             target_recall,
+            companion_min_probability: self.companion_min_probability,
             max_results: self.max_results,
             max_messages: self.max_messages,
             message_filter: self.message_filter,
@@ -711,6 +837,7 @@ impl fmt::Debug for FilteringToolProviderBuilder {
             .field("decision_model", &self.decision_model.is_some())
             .field("min_probability", &self.min_probability)
             .field("target_recall", &self.target_recall)
+            .field("companion_min_probability", &self.companion_min_probability)
             .field("max_results", &self.max_results)
             .field("max_messages", &self.max_messages)
             .field("message_filter", &self.message_filter.is_some())

@@ -27,8 +27,13 @@
 //!    optionally keeps only the most probable of them. Instead of a probability, `target_recall` takes a recall
 //!    and the model's [`Conformal`](decide_contract::Conformal) table (see
 //!    [`FilteringToolProviderBuilder::target_recall`]): the threshold is then the one at which the needed tools of
-//!    the table's held-out cases were found that share of the time. The result keeps the wrapped provider's order,
-//!    which keeps the LLM provider's prompt cache warm when the selection does not change.
+//!    the table's held-out cases were found that share of the time. With the needs-tool gate
+//!    ([`FilteringToolProviderBuilder::needs_tool_gate`]), the first request also asks whether the conversation
+//!    needs any tool at all ([`YesNoQuestion::needs_tool`](decide_contract::YesNoQuestion::needs_tool)), and the
+//!    rule is two-step: nothing passes unless [`needs_tool_probability`](decide_contract::needs_tool_probability)
+//!    of that answer and the best candidate's probability reaches `min_probability`; then the best candidate passes,
+//!    and every candidate reaching the lower `companion_min_probability`. The result keeps the wrapped provider's
+//!    order, which keeps the LLM provider's prompt cache warm when the selection does not change.
 //! 6. If the model fails, or refuses to answer a question, the [`Fallback`] applies: by default every tool is passed
 //!    on and a warning is logged; [`Fallback::NoTools`] passes on only the tools of step 3, and [`Fallback::Fail`]
 //!    returns the model's error.
@@ -102,5 +107,5 @@ pub use filter::{
 };
 pub use request::{provider_request, FilterOptions, SelectRequest};
 pub use search::{ranked, search_filter, SearchProvider, ToolSearchCall, DEFAULT_SEARCH_RESULTS};
-pub use selection::{Fallback, FallbackUsed, Reason, Selection, ToolDecision};
+pub use selection::{Fallback, FallbackUsed, Gate, Reason, Selection, ToolDecision};
 pub use template::{QuestionTemplate, DEFAULT_QUESTION_TEMPLATE};

@@ -29,6 +29,9 @@ pub struct FilterOptions {
     pub always_include: Vec<String>,
     /// [`FilteringToolProviderBuilder::fallback`].
     pub fallback: Option<Fallback>,
+    /// [`FilteringToolProviderBuilder::needs_tool_gate`]: on, off, or (`None`) on when the decision model has a
+    /// needs-tool head and no target recall is set; see [`apply`](Self::apply).
+    pub needs_tool_gate: Option<bool>,
 }
 
 impl FilterOptions {
@@ -52,11 +55,30 @@ impl FilterOptions {
 
     /// Sets these options on `builder`. `conformal` gives the decision model's conformal table; it is called only
     /// when a target recall is set, so that a model without one fails only the requests that need it.
+    /// `companion_min_probability` is the decision model's threshold of the further tools behind its needs-tool
+    /// gate (`None` for a model without a needs-tool head): the gate is on with it unless `needs_tool_gate` is off
+    /// or a target recall is set; turned on for a model without one, further tools pass at `min_probability`, which
+    /// selects what the one-threshold rule does.
     pub fn apply<'a, E>(
         &self,
         mut builder: FilteringToolProviderBuilder,
         conformal: impl FnOnce() -> Result<&'a Conformal, E>,
+        companion_min_probability: Option<f64>,
     ) -> Result<FilteringToolProviderBuilder, E> {
+        let gate = match self.needs_tool_gate {
+            Some(false) => None,
+            Some(true) => Some(
+                companion_min_probability.unwrap_or(
+                    self.min_probability
+                        .unwrap_or(crate::filter::DEFAULT_MIN_PROBABILITY),
+                ),
+            ),
+            None if self.target_recall.is_none() => companion_min_probability,
+            None => None,
+        };
+        if let Some(companion) = gate {
+            builder = builder.needs_tool_gate(companion);
+        }
         if let Some(p) = self.min_probability {
             builder = builder.min_probability(p);
         }
@@ -105,11 +127,13 @@ struct SelectBody {
     always_include: Option<Vec<String>>,
     #[serde(default)]
     fallback: Option<String>,
+    #[serde(default)]
+    needs_tool_gate: Option<bool>,
 }
 
 /// Which tools a conversation needs: the request to the filter, the tools it chooses among and its options, as a
 /// `/v1/select` body gives them (`{"messages" | "text", "tools", "min_probability"? | "target_recall"?,
-/// "max_results"?, "max_messages"?, "max_message_length"?, "always_include"?, "fallback"?}`).
+/// "max_results"?, "max_messages"?, "max_message_length"?, "always_include"?, "fallback"?, "needs_tool_gate"?}`).
 #[derive(Debug, Clone)]
 pub struct SelectRequest {
     /// The conversation, as [`provider_request`] makes it.
@@ -152,6 +176,7 @@ impl SelectRequest {
             max_message_length: body.max_message_length,
             always_include: body.always_include.unwrap_or_default(),
             fallback,
+            needs_tool_gate: body.needs_tool_gate,
         };
         options.check_always_include(&tools).map_err(|e| match e {
             FilterError::InvalidConfig { option, message } => ParseError::invalid(option, message),

@@ -124,6 +124,22 @@ pub struct Selection {
     pub fallback: Option<FallbackUsed>,
     /// How many requests were sent to the decision model (one per batch; zero when nothing needed deciding).
     pub decision_requests: usize,
+    /// With the needs-tool gate, what it decided on; `None` without the gate or when nothing was asked.
+    pub gate: Option<Gate>,
+}
+
+/// What the needs-tool gate of a [`FilteringToolProvider`](crate::FilteringToolProvider) decided on.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Gate {
+    /// The decision model's answer to whether the conversation needs any tool; `None` when it refused (a model
+    /// without a needs-tool head).
+    pub answer: Option<f64>,
+    /// The probability the gate compared with `min_probability`:
+    /// [`needs_tool_probability`](decide_contract::needs_tool_probability) of the answer and the best tool's
+    /// probability.
+    pub probability: f64,
+    /// Whether it reached `min_probability`, so that tools passed.
+    pub open: bool,
 }
 
 impl Selection {

@@ -1353,3 +1353,164 @@ fn decision_input_and_requests_show_what_the_model_receives() {
         requests[0].question("tool0").unwrap().text()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The needs-tool gate
+// ---------------------------------------------------------------------------------------------
+
+/// LangChain4j's relevances, and `needs_tool` as the answer to the needs-tool question (`None`: refused, as a model
+/// without a needs-tool head does).
+fn gated_model(needs_tool: Option<f64>) -> Arc<MockDecisionModel> {
+    Arc::new(MockDecisionModel::answers(move |request| {
+        request
+            .questions()
+            .iter()
+            .map(|(name, question)| {
+                let q = question.as_yes_no().unwrap();
+                let answer = match (q.is_needs_tool(), needs_tool) {
+                    (true, Some(p)) => Answer::yes_no(p)?,
+                    (true, None) => Answer::refusal_because("no head"),
+                    (false, _) => Answer::yes_no(relevance(&candidate_name(q)))?,
+                };
+                Ok((name.clone(), answer))
+            })
+            .collect()
+    }))
+}
+
+fn gated(
+    model: &Arc<MockDecisionModel>,
+    min_probability: f64,
+    companion: f64,
+) -> FilteringToolProvider {
+    builder(catalogue(), model)
+        .min_probability(min_probability)
+        .needs_tool_gate(companion)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn without_a_head_the_gate_opens_on_the_best_tool_and_passes_its_companions() {
+    let model = gated_model(None);
+    // get_weather (0.95) opens the gate; create_invoice (0.3) passes at 0.2, send_email (0.05) does not.
+    let selection = gated(&model, 0.5, 0.2).select(&ask("weather?")).unwrap();
+    assert_eq!(
+        selection.names(),
+        ["get_weather", "create_invoice", "get_forecast"]
+    );
+    let gate = selection.gate.unwrap();
+    assert_eq!(
+        (gate.answer, gate.probability, gate.open),
+        (None, 0.95, true)
+    );
+    // A best tool under min_probability keeps the gate shut, companions or not.
+    let selection = gated(&model, 0.96, 0.2).select(&ask("weather?")).unwrap();
+    assert!(selection.names().is_empty());
+    assert!(!selection.gate.unwrap().open);
+}
+
+#[test]
+fn with_the_companion_at_min_probability_the_gate_selects_what_one_threshold_does() {
+    let model = gated_model(None);
+    for min in [0.05, 0.3, 0.5, 0.9, 0.96] {
+        let plain = builder(catalogue(), &model)
+            .min_probability(min)
+            .build()
+            .unwrap();
+        let with_gate = gated(&model, min, min);
+        assert_eq!(
+            with_gate.select(&ask("x")).unwrap().names(),
+            plain.select(&ask("x")).unwrap().names(),
+            "min_probability {min}"
+        );
+    }
+}
+
+#[test]
+fn a_head_sure_of_a_tool_opens_the_gate_for_a_weaker_best_tool_and_never_shuts_it() {
+    // Best tool 0.95 under a bar of 0.97: logit(0.9) + logit(0.95) = 5.14, probability 0.994.
+    let selection = gated(&gated_model(Some(0.9)), 0.97, 0.2)
+        .select(&ask("x"))
+        .unwrap();
+    let gate = selection.gate.unwrap();
+    assert!(
+        gate.open && (gate.probability - 0.99417).abs() < 1e-4,
+        "{gate:?}"
+    );
+    assert_eq!(
+        selection.names(),
+        ["get_weather", "create_invoice", "get_forecast"]
+    );
+    // A head that finds no need cannot shut a gate the best tool opens on its own.
+    let selection = gated(&gated_model(Some(0.01)), 0.5, 0.2)
+        .select(&ask("x"))
+        .unwrap();
+    assert_eq!(selection.gate.unwrap().probability, 0.95);
+    assert_eq!(
+        selection.names(),
+        ["get_weather", "create_invoice", "get_forecast"]
+    );
+}
+
+#[test]
+fn the_needs_tool_question_is_asked_once_and_only_with_the_gate() {
+    let model = gated_model(Some(0.5));
+    let with_gate = builder(catalogue(), &model)
+        .needs_tool_gate(0.2)
+        .max_tools_per_decision_request(2)
+        .build()
+        .unwrap();
+    with_gate.select(&ask("x")).unwrap();
+    let asked: Vec<usize> = model
+        .requests()
+        .iter()
+        .map(|r| {
+            r.questions()
+                .values()
+                .filter(|q| q.as_yes_no().is_some_and(|q| q.is_needs_tool()))
+                .count()
+        })
+        .collect();
+    assert_eq!(asked, [1, 0]);
+    let plain = gated_model(Some(0.5));
+    filter(&plain).select(&ask("x")).unwrap();
+    assert!(plain.requests().iter().all(|r| r
+        .questions()
+        .values()
+        .all(|q| !q.as_yes_no().unwrap().is_needs_tool())));
+}
+
+#[test]
+fn the_gate_leaves_tools_passed_without_asking_and_max_results_as_they_were() {
+    let model = gated_model(Some(0.01));
+    let selection = builder(catalogue(), &model)
+        .needs_tool_gate(0.2)
+        .min_probability(0.99)
+        .always_include(["send_email"])
+        .build()
+        .unwrap()
+        .select(&ask("x"))
+        .unwrap();
+    assert_eq!(selection.names(), ["send_email"]);
+    let selection = builder(catalogue(), &model)
+        .needs_tool_gate(0.2)
+        .max_results(1)
+        .build()
+        .unwrap()
+        .select(&ask("x"))
+        .unwrap();
+    assert_eq!(selection.names(), ["get_weather"]);
+}
+
+#[test]
+fn the_gate_is_checked_when_the_filter_is_built() {
+    let model = mock();
+    let error = |b: FilteringToolProviderBuilder| b.build().unwrap_err().to_string();
+    assert!(error(builder(catalogue(), &model).needs_tool_gate(1.5)).contains("needs_tool_gate"));
+    let table = Conformal::from_needed([0.9, 0.5, 0.1]).unwrap();
+    let both = builder(catalogue(), &model)
+        .needs_tool_gate(0.2)
+        .target_recall(0.9, &table);
+    assert!(error(both).contains("target_recall"));
+}

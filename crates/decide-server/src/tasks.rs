@@ -43,7 +43,8 @@ fn parse_bounded(raw: &[u8], field: &str, most: usize) -> Result<Value, ApiError
     Ok(value)
 }
 
-/// `POST /v1/select`: a [`SelectRequest`] → `{"selected": [...], "scores": [...], "fallback"?}`.
+/// `POST /v1/select`: a [`SelectRequest`] → `{"selected": [...], "scores": [...], "needs_tool"?,
+/// "fallback"?}`, `needs_tool` saying what the needs-tool gate decided on when it is on.
 /// `target_recall` takes its threshold from the model's conformal table.
 async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Value>, ApiError> {
     let most = state.inner.config.limits.max_options;
@@ -58,16 +59,26 @@ async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<V
             request.tools,
         )))
         .decision_model(Arc::new(state.inner.model.clone()));
+    let companion = state
+        .inner
+        .model
+        .engine()
+        .needs_tool()
+        .map(|h| h.companion_min_probability);
     let filter = request
         .options
-        .apply(builder, || {
-            state
-                .inner
-                .model
-                .engine()
-                .require_conformal()
-                .map_err(|e| ApiError::bad("target_recall", e.to_string()))
-        })?
+        .apply(
+            builder,
+            || {
+                state
+                    .inner
+                    .model
+                    .engine()
+                    .require_conformal()
+                    .map_err(|e| ApiError::bad("target_recall", e.to_string()))
+            },
+            companion,
+        )?
         .build()
         .map_err(|e| match e {
             FilterError::InvalidConfig { option, message } => ApiError::bad(option, message),
@@ -95,6 +106,10 @@ async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<V
         .map(|(_, s)| s.clone())
         .collect();
     let mut out = json!({"selected": selected, "scores": scores});
+    if let Some(g) = &selection.gate {
+        out["needs_tool"] =
+            json!({"answer": g.answer, "probability": g.probability, "open": g.open});
+    }
     if let Some(f) = &selection.fallback {
         out["fallback"] = json!({"strategy": f.strategy, "reason": f.reason});
     }

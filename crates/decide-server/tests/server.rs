@@ -771,6 +771,8 @@ async fn select_answers_like_the_filter_over_the_engine() {
         ))
         .decision_model(Arc::new(engine().clone()))
         .max_results(1)
+        // The default model has a needs-tool head, so the endpoint's gate is on.
+        .needs_tool_gate(engine().needs_tool().unwrap().companion_min_probability)
         .build()
         .unwrap();
     let user = decide_chat::ChatMessage::user(text);
@@ -810,6 +812,28 @@ async fn select_answers_like_the_filter_over_the_engine() {
         })
         .unwrap();
     assert_eq!(best["name"], "get_weather");
+    let gate = expected.gate.unwrap();
+    assert_eq!(got["needs_tool"]["open"], gate.open, "{got}");
+    assert!(close(
+        got["needs_tool"]["answer"].as_f64().unwrap(),
+        gate.answer.unwrap()
+    ));
+    let (status, off) = post(
+        &app,
+        "/v1/select",
+        json!({"text": text, "tools": tools(), "needs_tool_gate": false}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{off}");
+    assert!(off.get("needs_tool").is_none(), "{off}");
+    let (status, both) = post(
+        &app,
+        "/v1/select",
+        json!({"text": text, "tools": tools(), "needs_tool_gate": true, "target_recall": 0.9}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{both}");
+    assert_eq!(both["error"]["param"], "needs_tool_gate", "{both}");
 
     let (status, got) = post(
         &app,

@@ -170,6 +170,7 @@ pub fn write_manifest(dir: &Path, meta: &ModelMeta) -> Result<()> {
         training: Some(training),
         build: None,
         conformal: None,
+        needs_tool: None,
         files: Manifest::hash_files(dir)?,
     };
     let comment = format!("{WRITTEN_BY}: fine-tuned from {}.", meta.base);

@@ -94,12 +94,20 @@ impl<M: DecisionModel + ?Sized> DecisionModel for Cascade<M> {
     fn do_decide(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
         let questions = request.questions();
         let all_yes_no = questions.values().all(|q| matches!(q, Question::YesNo(_)));
-        if !all_yes_no || questions.len() <= self.top_k {
+        // Whether any tool is needed is a question about the conversation, not one to rank:
+        // the shortlist answers it.
+        let is_gate = |q: &Question| matches!(q, Question::YesNo(y) if y.is_needs_tool());
+        let ranked_names: Vec<&String> = questions
+            .iter()
+            .filter(|(_, q)| !is_gate(q))
+            .map(|(name, _)| name)
+            .collect();
+        if !all_yes_no || ranked_names.len() <= self.top_k {
             return self.rescorer.decide(request);
         }
         let first = self.shortlist.decide(request)?;
-        let mut ranked: Vec<(&String, f64)> = questions
-            .keys()
+        let mut ranked: Vec<(&String, f64)> = ranked_names
+            .into_iter()
             .map(|name| {
                 first
                     .yes_no(name)
@@ -145,8 +153,13 @@ impl<M: DecisionModel + ?Sized> DecisionModel for Cascade<M> {
         } else {
             1.0
         };
-        for name in questions.keys() {
+        for (name, question) in questions {
             if let Some(answer) = second.answers().get(name) {
+                response = response.answer(name.clone(), answer.clone());
+                continue;
+            }
+            if is_gate(question) {
+                let answer = first.answer(name)?;
                 response = response.answer(name.clone(), answer.clone());
                 continue;
             }
@@ -182,6 +195,11 @@ impl Scorer for Cascade<dyn Scorer> {
     /// `None`: the probabilities come from two calibrations.
     fn calibration_in_use(&self) -> Option<Calibration> {
         None
+    }
+
+    /// The shortlist's: it answers the needs-tool question.
+    fn needs_tool(&self) -> Option<&crate::NeedsTool> {
+        self.shortlist.needs_tool()
     }
 
     fn yes_no_scores(

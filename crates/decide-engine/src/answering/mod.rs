@@ -8,17 +8,18 @@
 
 use std::path::Path;
 
-use decide_contract::{Conformal, DecisionError, DecisionModel, DecisionRequest};
+use decide_contract::{Conformal, DecisionError, DecisionInput, DecisionModel, DecisionRequest};
 
 use crate::calibration::Calibration;
 use crate::error::EngineError;
+use crate::needs_tool::NeedsTool;
 
 mod cascade;
 mod plan;
 
 pub use cascade::{Cascade, DEFAULT_TOP_K};
 pub use plan::{candidate_text, tool_text, MAX_TEXT_PARAMETERS};
-pub(crate) use plan::{plan, respond, yes_no_raw, Plan};
+pub(crate) use plan::{plan, respond, yes_no_raw, Plan, Scored};
 
 /// A decision model whose answers are calibrated raw scores: what reports, calibration and
 /// `--target-recall` need to know about it beyond its answers.
@@ -58,6 +59,29 @@ pub trait Scorer: DecisionModel {
     /// The folder of the model, where its manifest lives; `None` for a model without files.
     fn model_dir(&self) -> Option<&Path> {
         None
+    }
+
+    /// The needs-tool head that answers
+    /// [`YesNoQuestion::needs_tool`](decide_contract::YesNoQuestion::needs_tool), with the
+    /// threshold of the further tools; `None` for a model without one.
+    fn needs_tool(&self) -> Option<&NeedsTool> {
+        None
+    }
+
+    /// The embedding of each input's whole conversation, which a needs-tool head reads
+    /// ([`Engine::conversation_embeddings`](crate::Engine::conversation_embeddings)). Bi-encoders
+    /// only: others fail.
+    fn conversation_embeddings(
+        &self,
+        _inputs: &[DecisionInput],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        Err(EngineError::InvalidOption {
+            option: "needs-tool-data",
+            message: format!(
+                "{} has no conversation embeddings: a needs-tool head needs a bi-encoder",
+                self.name()
+            ),
+        })
     }
 
     /// The raw score behind each yes/no answer of `request`, in question order, before

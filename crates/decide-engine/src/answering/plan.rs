@@ -40,8 +40,14 @@ pub fn tool_text(name: &str, description: &str, parameters: &[String]) -> String
 
 /// Which documents a question needs, as indexes into the request's deduplicated documents.
 pub(crate) enum Plan {
-    YesNo { yes: usize, no: Option<usize> },
+    YesNo {
+        yes: usize,
+        no: Option<usize>,
+    },
     Options(Vec<usize>),
+    /// [`YesNoQuestion::needs_tool`](decide_contract::YesNoQuestion::needs_tool): no document;
+    /// answered from the input's embedding by the model's needs-tool head, if it has one.
+    NeedsTool,
 }
 
 /// The request's distinct documents, in first-seen order; a question refers to them by index.
@@ -67,6 +73,7 @@ pub(crate) fn plan(request: &DecisionRequest, parameters: bool) -> (Documents, V
     let mut plans = Vec::new();
     for question in request.questions().values() {
         plans.push(match question {
+            Question::YesNo(q) if q.is_needs_tool() => Plan::NeedsTool,
             Question::YesNo(q) => {
                 let yes = match (q.yes_when(), q.candidate()) {
                     (Some(when), _) => when.to_string(),
@@ -108,8 +115,15 @@ fn answer(
     plan: &Plan,
     scores: &[f64],
     cal: Calibration,
+    needs_tool: Option<f64>,
 ) -> Result<Answer, DecisionError> {
     Ok(match (question, plan) {
+        (_, Plan::NeedsTool) => match needs_tool {
+            Some(p) => Answer::YesNo(YesNoAnswer::new(p)?),
+            None => Answer::refusal_because(
+                "the model has no needs-tool head to answer whether any tool is needed",
+            ),
+        },
         (Question::YesNo(_), Plan::YesNo { yes, no }) => {
             let p = match no {
                 // Both criteria given: which one the input matches better decides, so the
@@ -164,7 +178,8 @@ fn argmax(v: &[f64]) -> usize {
 }
 
 /// The raw score behind each yes/no question of `request`: its document's, or with both
-/// criteria the difference of the two.
+/// criteria the difference of the two. The needs-tool question has no document, and so no raw
+/// score: it is left out.
 pub(crate) fn yes_no_raw(
     request: &DecisionRequest,
     plans: &[Plan],
@@ -174,21 +189,29 @@ pub(crate) fn yes_no_raw(
         .questions()
         .keys()
         .zip(plans)
+        .filter(|(_, plan)| !matches!(plan, Plan::NeedsTool))
         .map(|(name, plan)| match plan {
             Plan::YesNo { yes, no: None } => Ok((name.clone(), raw[*yes])),
             Plan::YesNo { yes, no: Some(no) } => Ok((name.clone(), raw[*yes] - raw[*no])),
-            Plan::Options(_) => Err(DecisionError::UnsupportedFeature(format!(
+            _ => Err(DecisionError::UnsupportedFeature(format!(
                 "question '{name}' is not a yes/no question"
             ))),
         })
         .collect()
 }
 
+/// What [`respond`] answers a request from: the raw scores of its documents, and the
+/// needs-tool head's probability for its input when the model has one.
+pub(crate) struct Scored<'a> {
+    pub(crate) raw: &'a [f64],
+    pub(crate) needs_tool: Option<f64>,
+}
+
 /// The response to `request` from the raw scores of its documents.
 pub(crate) fn respond(
     request: &DecisionRequest,
     plans: &[Plan],
-    raw: &[f64],
+    scored: Scored<'_>,
     calibration: Calibration,
     model_name: &str,
     tokens: usize,
@@ -197,7 +220,8 @@ pub(crate) fn respond(
         .model_name(model_name.to_string())
         .token_usage(TokenUsage::new(tokens as u64));
     for ((name, question), plan) in request.questions().iter().zip(plans) {
-        response = response.answer(name.clone(), answer(question, plan, raw, calibration)?);
+        let answer = answer(question, plan, scored.raw, calibration, scored.needs_tool)?;
+        response = response.answer(name.clone(), answer);
     }
     response.build()
 }

@@ -316,6 +316,18 @@ impl Engine {
                     && lexical_weight == manifest_weight
                     && tool_parameters == manifest_parameters
             });
+        let needs_tool = match location
+            .manifest
+            .as_ref()
+            .and_then(|m| m.needs_tool.clone())
+        {
+            Some(head) if head_name == HeadName::BiEncoder => {
+                head.check(backend.config().hidden_size)
+                    .map_err(|m| EngineError::bad_file(dir.join("manifest.toml"), m))?;
+                Some(head)
+            }
+            _ => None,
+        };
         let info = ModelInfo {
             name: location.name.clone(),
             hf_id: location.manifest.as_ref().map(|m| m.hf_id.clone()),
@@ -336,6 +348,7 @@ impl Engine {
             lexical_weight,
             tool_parameters,
             conformal,
+            needs_tool,
         };
         tracing::debug!(model = %info.name, dir = %dir.display(), head = info.head.as_str(), "model loaded");
         let engine = Engine {

@@ -10,7 +10,7 @@ use decide_contract::{
 
 use super::staged::{EncodedRow, StagedScores};
 use super::{Engine, Scores};
-use crate::answering::{plan, respond, yes_no_raw, Plan, Scorer};
+use crate::answering::{plan, respond, yes_no_raw, Plan, Scored, Scorer};
 use crate::calibration::Calibration;
 use crate::lexical::query_text;
 
@@ -35,9 +35,17 @@ impl Engine {
     fn stage_documents(&self, request: &DecisionRequest) -> Result<Documents, DecisionError> {
         let (docs, plans) = plan(request, self.tool_parameters());
         let refs = docs.refs();
-        let scores = self
-            .stage_input(request.input(), &refs)
-            .map_err(DecisionError::from_model_error)?;
+        // A request that asks only whether any tool is needed still needs the conversation's
+        // embedding, when there is a head to read it.
+        let head_alone = refs.is_empty()
+            && self.info().needs_tool.is_some()
+            && plans.iter().any(|p| matches!(p, Plan::NeedsTool));
+        let scores = if head_alone {
+            self.stage_conversation(request.input())
+        } else {
+            self.stage_input(request.input(), &refs)
+        }
+        .map_err(DecisionError::from_model_error)?;
         Ok(Documents {
             plans,
             scores,
@@ -132,10 +140,19 @@ impl StagedDecision {
     /// The answers, from the outputs of the staged rows (in the order they were taken).
     pub fn finish(self, outputs: Vec<Vec<f32>>) -> Result<DecisionResponse, DecisionError> {
         let (plans, scores) = self.documents.finish(&self.engine, outputs)?;
+        let needs_tool = self.engine.info().needs_tool.as_ref().and_then(|head| {
+            scores
+                .query
+                .as_deref()
+                .and_then(|query| head.probability(query))
+        });
         respond(
             &self.request,
             &plans,
-            &scores.raw,
+            Scored {
+                raw: &scores.raw,
+                needs_tool,
+            },
             self.calibration,
             &self.engine.info().name,
             scores.tokens,
@@ -170,6 +187,17 @@ impl Scorer for Engine {
 
     fn model_dir(&self) -> Option<&Path> {
         Some(&self.info().dir)
+    }
+
+    fn needs_tool(&self) -> Option<&crate::NeedsTool> {
+        Engine::needs_tool(self)
+    }
+
+    fn conversation_embeddings(
+        &self,
+        inputs: &[DecisionInput],
+    ) -> Result<Vec<Vec<f32>>, crate::EngineError> {
+        Engine::conversation_embeddings(self, inputs)
     }
 
     /// The score of its document, or with both criteria the difference of the two, the

@@ -10,12 +10,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use candle_core::Device;
-use decide_contract::Conformal;
+use decide_contract::{Conformal, DecisionInput};
 
 use crate::backend::{Backend, RowRef};
 use crate::calibration::Calibration;
 use crate::error::{EngineError, Result};
 use crate::lexical::RecentIndexes;
+use crate::needs_tool::NeedsTool;
 use crate::registry::HeadName;
 use crate::tokenize::{TokenRow, Tokenization};
 use staged::EncodedRow;
@@ -71,6 +72,8 @@ pub struct ModelInfo {
     /// The manifest's conformal table (see [`Engine::conformal`]), if it has one and it holds
     /// for the calibration and lexical weight in use.
     pub conformal: Option<Conformal>,
+    /// The manifest's needs-tool head (bi-encoders only), if it has one.
+    pub needs_tool: Option<NeedsTool>,
 }
 
 /// Raw scores of candidates against one query, in the candidates' order.
@@ -80,6 +83,10 @@ pub struct Scores {
     pub raw: Vec<f64>,
     /// Tokens that went through the model for them (cached embeddings cost none).
     pub tokens: usize,
+    /// A bi-encoder's embedding of the query (of a conversation, its first view: the whole
+    /// conversation), which the needs-tool head reads; `None` for a cross-encoder or without
+    /// candidates.
+    pub query: Option<Vec<f32>>,
 }
 
 /// A loaded model that scores (query, candidate) pairs in batched forward passes.
@@ -163,6 +170,22 @@ impl Engine {
             .map(|e| e.row)
             .collect();
         self.forward_rows(&rows)
+    }
+
+    /// The embedding of each decision input's whole conversation, as a decision embeds it
+    /// first (trimmed from its oldest end): what the needs-tool head reads, and what
+    /// [`NeedsTool::fit`] is fitted on. Bi-encoders only.
+    pub fn conversation_embeddings(&self, inputs: &[DecisionInput]) -> Result<Vec<Vec<f32>>> {
+        let mut rows = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            rows.extend(self.stage_conversation(input)?.take_rows());
+        }
+        self.forward_rows(&rows)
+    }
+
+    /// The manifest's needs-tool head, if the model has one ([`ModelInfo::needs_tool`]).
+    pub fn needs_tool(&self) -> Option<&NeedsTool> {
+        self.inner.info.needs_tool.as_ref()
     }
 
     /// The classifier's logits for each (query, document) pair. Cross-encoders only.

@@ -126,6 +126,16 @@ impl Engine {
         }
     }
 
+    /// Stages the embedding of a decision input's whole conversation alone, as the first view of
+    /// [`stage_input`](Self::stage_input) embeds it: what the needs-tool head reads when a
+    /// request asks about no candidate. Bi-encoders only.
+    pub(crate) fn stage_conversation(&self, input: &DecisionInput) -> Result<StagedScores> {
+        if self.inner.info.head != HeadName::BiEncoder {
+            return Err(self.wrong_head("a conversation's embedding needs a bi-encoder"));
+        }
+        self.stage_bi(&[&input.render()], &[])
+    }
+
     /// Stages the texts of [`embed`](Self::embed) without running the model: one row per text,
     /// whose output ([`forward_rows`](Self::forward_rows)) is its embedding. Bi-encoders only.
     pub fn stage_embeddings(&self, texts: &[&str]) -> Result<Vec<EmbeddingRow>> {
@@ -244,10 +254,12 @@ impl Engine {
             Finish::Empty => Ok(Scores {
                 raw: Vec::new(),
                 tokens: 0,
+                query: None,
             }),
             Finish::Cross => Ok(Scores {
                 raw: outputs.iter().map(|l| self.logit_score(l)).collect(),
                 tokens,
+                query: None,
             }),
             Finish::Bi {
                 views,
@@ -283,7 +295,8 @@ impl Engine {
                             .fold(f64::NEG_INFINITY, f64::max)
                     })
                     .collect();
-                Ok(Scores { raw, tokens })
+                let query = queries.into_iter().next();
+                Ok(Scores { raw, tokens, query })
             }
         }
     }
