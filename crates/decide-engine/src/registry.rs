@@ -272,16 +272,7 @@ impl Manifest {
         table["cases"] = toml_edit::value(head.cases as i64);
         table["companion_min_probability"] = toml_edit::value(head.companion_min_probability);
         table["bias"] = toml_edit::value(head.bias);
-        let mut array = toml_edit::Array::new();
-        for (i, w) in head.weights.iter().enumerate() {
-            let mut v = toml_edit::Value::from(*w);
-            v.decor_mut()
-                .set_prefix(if i % 10 == 0 { "\n  " } else { " " });
-            array.push_formatted(v);
-        }
-        array.set_trailing("\n");
-        array.set_trailing_comma(true);
-        table["weights"] = toml_edit::value(array);
+        table["weights"] = toml_edit::value(numbers(&head.weights));
         let prefix = match doc.get("needs_tool") {
             Some(toml_edit::Item::Table(old)) => old.decor().prefix().cloned(),
             _ => None,
@@ -344,17 +335,22 @@ fn source_table(source: &ConformalSource) -> toml_edit::Table {
     let mut table = toml_edit::Table::new();
     table["source"] = toml_edit::value(source.source());
     table["cases"] = toml_edit::value(source.cases() as i64);
+    table["needed_probabilities"] = toml_edit::value(numbers(source.needed_probabilities()));
+    table
+}
+
+/// A TOML array of `values`, ten to a line, so that a manifest stays readable.
+fn numbers(values: &[f64]) -> toml_edit::Array {
     let mut array = toml_edit::Array::new();
-    for (i, p) in source.needed_probabilities().iter().enumerate() {
-        let mut v = toml_edit::Value::from(*p);
+    for (i, x) in values.iter().enumerate() {
+        let mut v = toml_edit::Value::from(*x);
         v.decor_mut()
             .set_prefix(if i % 10 == 0 { "\n  " } else { " " });
         array.push_formatted(v);
     }
     array.set_trailing("\n");
     array.set_trailing_comma(true);
-    table["needed_probabilities"] = toml_edit::value(array);
-    table
+    array
 }
 
 /// Checks every file of `dir` that `manifest` lists against its sha256: a corrupted or
