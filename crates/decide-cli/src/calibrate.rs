@@ -480,7 +480,7 @@ fn fit_needs_tool(
         for (e, &l) in embeddings.iter().zip(&labels) {
             if l == want {
                 n += 1;
-                let p = stored.probability(e).unwrap_or(0.5);
+                let p = stored.probability_of(e).unwrap_or(0.5);
                 hit += usize::from((p >= 0.5) == want);
             }
         }

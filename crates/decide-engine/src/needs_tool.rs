@@ -4,8 +4,10 @@
 //! "Make that a table" after a tool result, or "thanks!", still finds a tool whose description
 //! is near the conversation, and the best tool of a request that does need one is often below
 //! 0.5 when the user wrote it tersely. So the probabilities alone trade the needed tools against
-//! the no-tool cases at one threshold. The head is a logistic regression on the conversation's
-//! normalized embedding (the first view the bi-encoder scores tools against), fitted by
+//! the no-tool cases at one threshold. The head is a logistic regression on two normalized
+//! embeddings a decision computes anyway: the whole conversation's and the last user message's
+//! alone ([`NeedsTool::features`]); the first reads what a follow-up refers to, the second what
+//! is asked now, which the whole dilutes after long tool results. It is fitted by
 //! `decide calibrate --needs-tool-data` on conversations labelled with and without tools, and
 //! stored in the manifest's `[needs_tool]` table with the threshold the filter passes the
 //! further tools at once the conversation needs one (see `decide_filter`'s gate).
@@ -21,7 +23,7 @@ use crate::calibration::sigmoid;
 const STEPS: usize = 3000;
 /// The step size on standardized inputs.
 const STEP_SIZE: f64 = 0.5;
-/// The L2 penalty on the standardized weights: a few thousand conversations over 384 inputs
+/// The L2 penalty on the standardized weights: a few thousand conversations over 768 inputs
 /// would otherwise learn their wording.
 const L2: f64 = 0.03;
 
@@ -29,7 +31,7 @@ const L2: f64 = 0.03;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NeedsTool {
-    /// One weight per embedding dimension, applied to the normalized embedding.
+    /// One weight per input of [`features`](Self::features): twice the embedding's width.
     pub weights: Vec<f64>,
     /// The offset of the logit.
     pub bias: f64,
@@ -46,10 +48,11 @@ impl NeedsTool {
     /// Checks the table against a model whose embeddings have `dims` dimensions; the error
     /// names the field.
     pub fn check(&self, dims: usize) -> Result<(), String> {
-        if self.weights.len() != dims {
+        if self.weights.len() != 2 * dims {
             return Err(format!(
-                "[needs_tool] weights: {} of them for a model of {dims} dimensions",
-                self.weights.len()
+                "[needs_tool] weights: {} of them, but a model of {dims} dimensions needs {} (two views)",
+                self.weights.len(),
+                2 * dims
             ));
         }
         if self.weights.iter().any(|w| !w.is_finite()) || !self.bias.is_finite() {
@@ -77,74 +80,78 @@ impl NeedsTool {
         }
     }
 
-    /// The probability that the conversation of `embedding` needs a tool; the embedding is
-    /// normalized first, so its length does not matter. `None` for a zero vector or one of
-    /// another width.
-    pub fn probability(&self, embedding: &[f32]) -> Option<f64> {
-        if embedding.len() != self.weights.len() {
+    /// What the head reads: the whole conversation's embedding and the last user message's,
+    /// each normalized (so their lengths do not matter), one after the other. A conversation
+    /// that is its last user message alone has one embedding, read twice. `None` for a zero or
+    /// non-finite vector, or two of different widths.
+    pub fn features(whole: &[f32], last_message: Option<&[f32]>) -> Option<Vec<f64>> {
+        let last = last_message.unwrap_or(whole);
+        if last.len() != whole.len() {
             return None;
         }
-        let norm = embedding
-            .iter()
-            .map(|&x| f64::from(x) * f64::from(x))
-            .sum::<f64>()
-            .sqrt();
-        if norm == 0.0 || !norm.is_finite() {
+        let mut out = Vec::with_capacity(2 * whole.len());
+        for view in [whole, last] {
+            let norm = view
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+                .sqrt();
+            if norm == 0.0 || !norm.is_finite() {
+                return None;
+            }
+            out.extend(view.iter().map(|&x| f64::from(x) / norm));
+        }
+        Some(out)
+    }
+
+    /// The probability that the conversation needs a tool, from its [`features`](Self::features);
+    /// `None` when they cannot be formed or are not as wide as the head.
+    pub fn probability(&self, whole: &[f32], last_message: Option<&[f32]>) -> Option<f64> {
+        let features = Self::features(whole, last_message)?;
+        self.probability_of(&features)
+    }
+
+    /// The probability from [`features`](Self::features) already formed; `None` for a row not as
+    /// wide as the head.
+    pub fn probability_of(&self, features: &[f64]) -> Option<f64> {
+        if features.len() != self.weights.len() {
             return None;
         }
-        let z: f64 = self
-            .weights
-            .iter()
-            .zip(embedding)
-            .map(|(w, &x)| w * f64::from(x) / norm)
-            .sum();
+        let z: f64 = self.weights.iter().zip(features).map(|(w, x)| w * x).sum();
         Some(sigmoid(z + self.bias))
     }
 
-    /// Fits the head on conversation embeddings and whether each conversation needs a tool:
-    /// logistic regression on the normalized embeddings, standardized per dimension, the two
-    /// classes weighted to count the same (the share of no-tool conversations in training data
-    /// says nothing of a user's), by [`STEPS`] full-batch gradient steps from zero. The
-    /// standardization is folded into the weights, so the head reads normalized embeddings
-    /// as they come. `None` without both kinds of conversation or with embeddings of unequal
-    /// width.
+    /// Fits the head on conversations' [`features`](Self::features) and whether each needs a
+    /// tool: logistic regression on the features standardized per input, the two classes
+    /// weighted to count the same (the share of no-tool conversations in training data says
+    /// nothing of a user's), by [`STEPS`] full-batch gradient steps from zero. The
+    /// standardization is folded into the weights, so the head reads features as they come.
+    /// `None` without both kinds of conversation or with rows of unequal width.
     pub fn fit(
-        embeddings: &[Vec<f32>],
+        rows: &[Vec<f64>],
         needs_tool: &[bool],
         companion_min_probability: f64,
         source: String,
     ) -> Option<NeedsTool> {
-        let n = embeddings.len();
-        let dims = embeddings.first()?.len();
+        let n = rows.len();
+        let dims = rows.first()?.len();
         let positives = needs_tool.iter().filter(|&&y| y).count();
         if n != needs_tool.len()
             || positives == 0
             || positives == n
             || dims == 0
-            || embeddings.iter().any(|e| e.len() != dims)
+            || rows.iter().any(|e| e.len() != dims)
         {
             return None;
         }
-        let rows: Vec<Vec<f64>> = embeddings
-            .iter()
-            .map(|e| {
-                let norm = e
-                    .iter()
-                    .map(|&x| f64::from(x) * f64::from(x))
-                    .sum::<f64>()
-                    .sqrt()
-                    .max(1e-12);
-                e.iter().map(|&x| f64::from(x) / norm).collect()
-            })
-            .collect();
-        let mut mean = vec![0.0; dims];
-        for r in &rows {
+        let mut mean = vec![0.0f64; dims];
+        for r in rows {
             for (m, x) in mean.iter_mut().zip(r) {
                 *m += x / n as f64;
             }
         }
-        let mut sd = vec![0.0; dims];
-        for r in &rows {
+        let mut sd = vec![0.0f64; dims];
+        for r in rows {
             for ((s, x), m) in sd.iter_mut().zip(r).zip(&mean) {
                 *s += (x - m) * (x - m) / n as f64;
             }
@@ -204,53 +211,59 @@ impl NeedsTool {
 mod tests {
     use super::*;
 
-    /// Conversations whose embeddings point one way when they need a tool and the other way
-    /// when they do not, with a second dimension of noise.
-    fn separable() -> (Vec<Vec<f32>>, Vec<bool>) {
-        let mut embeddings = Vec::new();
+    /// Conversations whose first input points one way when they need a tool and the other way
+    /// when they do not, with a second input of noise.
+    fn separable() -> (Vec<Vec<f64>>, Vec<bool>) {
+        let mut rows = Vec::new();
         let mut labels = Vec::new();
         for i in 0..40 {
             let needs = i % 4 != 0;
-            let noise = (i as f32 * 0.37).sin();
-            embeddings.push(vec![if needs { 1.0 } else { -1.0 }, noise, 0.5]);
+            let noise = (i as f64 * 0.37).sin();
+            rows.push(vec![if needs { 1.0 } else { -1.0 }, noise, 0.5]);
             labels.push(needs);
         }
-        (embeddings, labels)
+        (rows, labels)
     }
 
     #[test]
     fn the_fit_separates_what_separates_and_keeps_the_companion_threshold() {
-        let (embeddings, labels) = separable();
-        let head = NeedsTool::fit(&embeddings, &labels, 0.2, "cases.jsonl".into()).unwrap();
+        let (rows, labels) = separable();
+        let head = NeedsTool::fit(&rows, &labels, 0.2, "cases.jsonl".into()).unwrap();
         assert_eq!(head.cases, 40);
         assert_eq!(head.companion_min_probability, 0.2);
-        assert!(head.probability(&[1.0, 0.0, 0.5]).unwrap() > 0.9);
-        assert!(head.probability(&[-1.0, 0.0, 0.5]).unwrap() < 0.1);
+        assert!(head.probability_of(&[1.0, 0.0, 0.5]).unwrap() > 0.9);
+        assert!(head.probability_of(&[-1.0, 0.0, 0.5]).unwrap() < 0.1);
+        assert_eq!(head.probability_of(&[1.0, 0.0]), None);
     }
 
     #[test]
     fn the_same_cases_give_the_same_head_bit_for_bit() {
-        let (embeddings, labels) = separable();
-        let a = NeedsTool::fit(&embeddings, &labels, 0.2, "x".into()).unwrap();
-        let b = NeedsTool::fit(&embeddings, &labels, 0.2, "x".into()).unwrap();
+        let (rows, labels) = separable();
+        let a = NeedsTool::fit(&rows, &labels, 0.2, "x".into()).unwrap();
+        let b = NeedsTool::fit(&rows, &labels, 0.2, "x".into()).unwrap();
         assert_eq!(a, b);
     }
 
     #[test]
-    fn an_embeddings_length_does_not_change_its_probability() {
-        let (embeddings, labels) = separable();
-        let head = NeedsTool::fit(&embeddings, &labels, 0.2, "x".into()).unwrap();
-        let p = head.probability(&[0.3, -0.2, 0.1]).unwrap();
-        let q = head.probability(&[3.0, -2.0, 1.0]).unwrap();
-        assert!((p - q).abs() < 1e-6);
-        assert_eq!(head.probability(&[0.0, 0.0, 0.0]), None);
-        assert_eq!(head.probability(&[1.0, 0.0]), None);
+    fn the_features_are_both_views_normalized_and_one_view_is_read_twice() {
+        let f = NeedsTool::features(&[3.0, 4.0], Some(&[0.0, 2.0])).unwrap();
+        assert_eq!(f, [0.6, 0.8, 0.0, 1.0]);
+        let alone = NeedsTool::features(&[3.0, 4.0], None).unwrap();
+        assert_eq!(alone, [0.6, 0.8, 0.6, 0.8]);
+        // An embedding's length does not matter.
+        let longer = NeedsTool::features(&[30.0, 40.0], None).unwrap();
+        assert!(alone
+            .iter()
+            .zip(&longer)
+            .all(|(a, b)| (a - b).abs() < 1e-12));
+        assert_eq!(NeedsTool::features(&[0.0, 0.0], None), None);
+        assert_eq!(NeedsTool::features(&[1.0, 0.0], Some(&[1.0])), None);
     }
 
     #[test]
     fn one_kind_of_conversation_alone_fits_nothing() {
-        let (embeddings, _) = separable();
-        assert!(NeedsTool::fit(&embeddings, &[true; 40], 0.2, "x".into()).is_none());
+        let (rows, _) = separable();
+        assert!(NeedsTool::fit(&rows, &[true; 40], 0.2, "x".into()).is_none());
         assert!(NeedsTool::fit(&[], &[], 0.2, "x".into()).is_none());
         let ragged = vec![vec![1.0, 0.0], vec![0.0]];
         assert!(NeedsTool::fit(&ragged, &[true, false], 0.2, "x".into()).is_none());
@@ -258,8 +271,9 @@ mod tests {
 
     #[test]
     fn a_table_of_the_wrong_width_or_range_is_named() {
-        let (embeddings, labels) = separable();
-        let head = NeedsTool::fit(&embeddings, &labels, 0.2, "x".into()).unwrap();
+        let (rows, labels) = separable();
+        let rows: Vec<Vec<f64>> = rows.into_iter().map(|r| [r.clone(), r].concat()).collect();
+        let head = NeedsTool::fit(&rows, &labels, 0.2, "x".into()).unwrap();
         assert!(head.check(3).is_ok());
         assert!(head
             .check(384)

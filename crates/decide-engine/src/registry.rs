@@ -278,8 +278,9 @@ impl Manifest {
             _ => None,
         }
         .unwrap_or_else(|| {
-            "\n# Whether a conversation needs any tool, from its embedding (logistic regression on\n\
-             # the normalized embedding); written by `decide calibrate --needs-tool-data`.\n"
+            "\n# Whether a conversation needs any tool: logistic regression on the normalized embeddings\n\
+             # of the whole conversation and of its last user message; written by\n\
+             # `decide calibrate --needs-tool-data`.\n"
                 .into()
         });
         table.decor_mut().set_prefix(prefix);

@@ -608,12 +608,12 @@ fn the_default_models_head_answers_whether_any_tool_is_needed() {
         let response = engine().decide(&request).unwrap();
         let p = response.yes_no("needs_tool").unwrap().probability();
         assert_eq!(p >= 0.5, needs, "{text}: {p}");
-        // It is the head on the conversation's embedding, with tools to score or without.
-        let embedding = &engine()
+        // It is the head on the conversation's embeddings, with tools to score or without.
+        let features = &engine()
             .conversation_embeddings(std::slice::from_ref(request.input()))
             .unwrap()[0];
         assert!(
-            relative_close(p, head.probability(embedding).unwrap(), 1e-6),
+            relative_close(p, head.probability_of(features).unwrap(), 1e-6),
             "{text}"
         );
         let alone = engine().decide(&needs_tool_request(text, false)).unwrap();
@@ -635,6 +635,51 @@ fn the_default_models_head_answers_whether_any_tool_is_needed() {
         let scores = engine().yes_no_scores(&request).unwrap();
         assert_eq!(scores.len(), TOOLS.len());
     }
+}
+
+#[test]
+fn the_head_reads_a_follow_up_with_its_last_message_apart() {
+    let head = engine().needs_tool().unwrap();
+    let mut fields = serde_json::Map::new();
+    fields.insert(
+        "messages".into(),
+        serde_json::json!([
+            {"role": "user", "text": "Will it rain in Paris tomorrow?"},
+            {"role": "assistant", "text": "Light rain in the morning, 14 degrees."},
+            {"role": "user", "text": "Send that to Anna by email, please"}
+        ]),
+    );
+    let input = DecisionInput::Fields(fields);
+    let mut b = DecisionRequest::builder().input(input.clone());
+    for (i, (name, description)) in TOOLS.iter().enumerate() {
+        let q = YesNoQuestion::builder("Relevant?")
+            .candidate(*name, *description)
+            .build()
+            .unwrap();
+        b = b.question(format!("tool{i}"), q);
+    }
+    let request = b
+        .question("needs_tool", YesNoQuestion::needs_tool())
+        .build()
+        .unwrap();
+    let p = engine()
+        .decide(&request)
+        .unwrap()
+        .yes_no("needs_tool")
+        .unwrap()
+        .probability();
+    let features = &engine()
+        .conversation_embeddings(std::slice::from_ref(&input))
+        .unwrap()[0];
+    // Two views: the whole conversation, then the last message, which is not the whole.
+    let dims = features.len() / 2;
+    assert_ne!(features[..dims], features[dims..]);
+    assert!(relative_close(
+        p,
+        head.probability_of(features).unwrap(),
+        1e-6
+    ));
+    assert!(p >= 0.5, "a request for an email needs a tool: {p}");
 }
 
 #[test]

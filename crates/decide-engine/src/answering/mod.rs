@@ -68,13 +68,13 @@ pub trait Scorer: DecisionModel {
         None
     }
 
-    /// The embedding of each input's whole conversation, which a needs-tool head reads
+    /// What a needs-tool head reads of each input
     /// ([`Engine::conversation_embeddings`](crate::Engine::conversation_embeddings)). Bi-encoders
     /// only: others fail.
     fn conversation_embeddings(
         &self,
         _inputs: &[DecisionInput],
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
+    ) -> Result<Vec<Vec<f64>>, EngineError> {
         Err(EngineError::InvalidOption {
             option: "needs-tool-data",
             message: format!(

@@ -141,10 +141,8 @@ impl StagedDecision {
     pub fn finish(self, outputs: Vec<Vec<f32>>) -> Result<DecisionResponse, DecisionError> {
         let (plans, scores) = self.documents.finish(&self.engine, outputs)?;
         let needs_tool = self.engine.info().needs_tool.as_ref().and_then(|head| {
-            scores
-                .query
-                .as_deref()
-                .and_then(|query| head.probability(query))
+            let query = scores.query.as_deref()?;
+            head.probability(query, scores.last_message.as_deref())
         });
         respond(
             &self.request,
@@ -196,7 +194,7 @@ impl Scorer for Engine {
     fn conversation_embeddings(
         &self,
         inputs: &[DecisionInput],
-    ) -> Result<Vec<Vec<f32>>, crate::EngineError> {
+    ) -> Result<Vec<Vec<f64>>, crate::EngineError> {
         Engine::conversation_embeddings(self, inputs)
     }
 

@@ -87,6 +87,9 @@ pub struct Scores {
     /// conversation), which the needs-tool head reads; `None` for a cross-encoder or without
     /// candidates.
     pub query: Option<Vec<f32>>,
+    /// A bi-encoder's embedding of the conversation's last user message alone, when that is a
+    /// view of its own (the conversation has more than that message).
+    pub last_message: Option<Vec<f32>>,
 }
 
 /// A loaded model that scores (query, candidate) pairs in batched forward passes.
@@ -172,15 +175,29 @@ impl Engine {
         self.forward_rows(&rows)
     }
 
-    /// The embedding of each decision input's whole conversation, as a decision embeds it
-    /// first (trimmed from its oldest end): what the needs-tool head reads, and what
-    /// [`NeedsTool::fit`] is fitted on. Bi-encoders only.
-    pub fn conversation_embeddings(&self, inputs: &[DecisionInput]) -> Result<Vec<Vec<f32>>> {
-        let mut rows = Vec::with_capacity(inputs.len());
+    /// What the needs-tool head reads of each decision input, as a decision embeds it: the whole
+    /// conversation (trimmed from its oldest end) and, when it has more than that, its last user
+    /// message alone; see [`NeedsTool::features`]. What [`NeedsTool::fit`] is fitted on.
+    /// Bi-encoders only.
+    pub fn conversation_embeddings(&self, inputs: &[DecisionInput]) -> Result<Vec<Vec<f64>>> {
+        let mut rows = Vec::new();
+        let mut counts = Vec::with_capacity(inputs.len());
         for input in inputs {
-            rows.extend(self.stage_conversation(input)?.take_rows());
+            let staged = self.stage_conversation(input)?.take_rows();
+            counts.push(staged.len());
+            rows.extend(staged);
         }
-        self.forward_rows(&rows)
+        let mut outputs = self.forward_rows(&rows)?.into_iter();
+        counts
+            .into_iter()
+            .map(|n| {
+                let views: Vec<Vec<f32>> = outputs.by_ref().take(n).collect();
+                let (whole, last) = (&views[0], views.get(1).map(Vec::as_slice));
+                NeedsTool::features(whole, last).ok_or_else(|| EngineError::NonFinite {
+                    model: self.inner.info.name.clone(),
+                })
+            })
+            .collect()
     }
 
     /// The manifest's needs-tool head, if the model has one ([`ModelInfo::needs_tool`]).

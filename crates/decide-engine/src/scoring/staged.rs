@@ -52,6 +52,8 @@ enum Finish {
     /// Bi-encoder: `views` query rows first, then one row per candidate missing from the cache.
     Bi {
         views: usize,
+        /// Which view is the last user message alone, when it is one of its own.
+        last_view: Option<usize>,
         candidates: Vec<String>,
         cached: Vec<Option<Arc<[f32]>>>,
         missing: Vec<String>,
@@ -109,15 +111,16 @@ impl Engine {
         match (self.inner.info.head, input.last_user_text()) {
             (HeadName::BiEncoder, Some(last)) if !candidates.is_empty() => {
                 let mut views: Vec<&str> = vec![&full];
-                if last.trim() != full.trim() {
+                let last_view = (last.trim() != full.trim()).then(|| {
                     views.push(last);
-                }
+                    1
+                });
                 let parts = clauses(last);
                 if parts.len() > 1 {
                     views.extend(parts);
                 }
                 if views.len() > 1 {
-                    self.stage_bi(&views, candidates)
+                    self.stage_bi(&views, last_view, candidates)
                 } else {
                     self.stage_query(&full, candidates)
                 }
@@ -133,7 +136,11 @@ impl Engine {
         if self.inner.info.head != HeadName::BiEncoder {
             return Err(self.wrong_head("a conversation's embedding needs a bi-encoder"));
         }
-        self.stage_bi(&[&input.render()], &[])
+        let full = input.render();
+        match input.last_user_text() {
+            Some(last) if last.trim() != full.trim() => self.stage_bi(&[&full, last], Some(1), &[]),
+            _ => self.stage_bi(&[&full], None, &[]),
+        }
     }
 
     /// Stages the texts of [`embed`](Self::embed) without running the model: one row per text,
@@ -172,7 +179,7 @@ impl Engine {
             });
         }
         match self.inner.info.head {
-            HeadName::BiEncoder => self.stage_bi(&[query], candidates),
+            HeadName::BiEncoder => self.stage_bi(&[query], None, candidates),
             HeadName::CrossEncoder => {
                 let tokens = &self.inner.tokens;
                 let q = tokens.encode_end(query)?;
@@ -194,7 +201,12 @@ impl Engine {
         }
     }
 
-    fn stage_bi(&self, views: &[&str], candidates: &[&str]) -> Result<StagedScores> {
+    fn stage_bi(
+        &self,
+        views: &[&str],
+        last_view: Option<usize>,
+        candidates: &[&str],
+    ) -> Result<StagedScores> {
         let tokens = &self.inner.tokens;
         // Only the part of a text the model reads is kept, copied and cached.
         let candidates: Vec<&str> = candidates.iter().map(|c| tokens.document_part(c)).collect();
@@ -225,6 +237,7 @@ impl Engine {
             rows,
             finish: Finish::Bi {
                 views: views.len(),
+                last_view,
                 candidates: candidates.iter().map(|c| (*c).to_string()).collect(),
                 cached,
                 missing,
@@ -255,14 +268,17 @@ impl Engine {
                 raw: Vec::new(),
                 tokens: 0,
                 query: None,
+                last_message: None,
             }),
             Finish::Cross => Ok(Scores {
                 raw: outputs.iter().map(|l| self.logit_score(l)).collect(),
                 tokens,
                 query: None,
+                last_message: None,
             }),
             Finish::Bi {
                 views,
+                last_view,
                 candidates,
                 mut cached,
                 missing,
@@ -295,8 +311,14 @@ impl Engine {
                             .fold(f64::NEG_INFINITY, f64::max)
                     })
                     .collect();
+                let last_message = last_view.and_then(|i| queries.get(i).cloned());
                 let query = queries.into_iter().next();
-                Ok(Scores { raw, tokens, query })
+                Ok(Scores {
+                    raw,
+                    tokens,
+                    query,
+                    last_message,
+                })
             }
         }
     }
