@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use decide_agent::{Agent, AgentRequest, MessageWindowChatMemory};
 use decide_chat::{ChatModel, StaticToolProvider, ToolProvider, ToolProviderRequest, UserMessage};
 use decide_contract::DecisionModel;
-use decide_filter::FilteringToolProvider;
+use decide_filter::{FilterOptions, FilteringToolProvider};
 use decide_llm::OpenAiChatModel;
 use decide_mcp::{McpOptions, McpToolProvider};
 use decide_router::{DecisionModelChatModelRouter, RoutingChatModel, ROUTE_ATTRIBUTE};
@@ -85,8 +85,8 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
         None
     };
     // The filter's set: the conformal set of --target-recall (DEFAULT_TARGET_RECALL when the
-    // model has a table and no threshold was asked for), else the probability threshold.
-    // Without a conformal set, the model's needs-tool gate, when it has a head.
+    // model has a table and no threshold was asked for), else the probability threshold, through
+    // the model's needs-tool gate when it has a head (as `select` and `/v1/select` decide it).
     let companion = engine
         .as_ref()
         .and_then(|e| e.needs_tool())
@@ -106,20 +106,22 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
     let provider: Option<Arc<dyn ToolProvider>> = if tools.is_empty() {
         None
     } else if let (true, Some(decisions)) = (args.filter, &decisions) {
-        let mut filter = FilteringToolProvider::builder()
+        let builder = FilteringToolProvider::builder()
             .tool_provider(Arc::new(StaticToolProvider::new(tools)))
             .decision_model(Arc::clone(decisions));
-        if let Some((r, table)) = &conformal {
-            filter = filter.target_recall(*r, table);
-        } else {
-            if let Some(p) = args.min_probability {
-                filter = filter.min_probability(p);
-            }
-            if let Some(companion) = companion {
-                filter = filter.needs_tool_gate(companion);
-            }
-        }
-        let filter = filter
+        let options = FilterOptions {
+            min_probability: args.min_probability,
+            target_recall: conformal.as_ref().map(|(r, _)| *r),
+            ..FilterOptions::default()
+        };
+        let table = || {
+            conformal
+                .as_ref()
+                .map(|(_, table)| table)
+                .context("--target-recall")
+        };
+        let filter = options
+            .apply(builder, table, companion)?
             .build()
             .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
         Some(Arc::new(filter))

@@ -204,10 +204,7 @@ impl Manifest {
             lexical_weight,
             tool_parameters,
         } = scoring;
-        let text = std::fs::read_to_string(path).map_err(|e| EngineError::bad_file(path, e))?;
-        let mut doc: toml_edit::DocumentMut = text
-            .parse()
-            .map_err(|e: toml_edit::TomlError| EngineError::bad_file(path, e.message()))?;
+        let mut doc = read_document(path)?;
         doc["calibration"]["a"] = toml_edit::value(round4(calibration.a));
         doc["calibration"]["b"] = toml_edit::value(round4(calibration.b));
         if lexical_weight != 0.0 || tool_parameters || doc.contains_key("scoring") {
@@ -255,18 +252,13 @@ impl Manifest {
         }
         replace_file(path, &doc.to_string())
     }
-}
 
-impl Manifest {
     /// Writes a fitted needs-tool head as the `[needs_tool]` table of the manifest at `path`
     /// (replacing one that is there), each weight to six decimals, ten to a line, keeping the
     /// rest of the file as it was.
     pub fn update_needs_tool(path: &Path, head: &NeedsTool) -> Result<()> {
         let head = head.rounded();
-        let text = std::fs::read_to_string(path).map_err(|e| EngineError::bad_file(path, e))?;
-        let mut doc: toml_edit::DocumentMut = text
-            .parse()
-            .map_err(|e: toml_edit::TomlError| EngineError::bad_file(path, e.message()))?;
+        let mut doc = read_document(path)?;
         let mut table = toml_edit::Table::new();
         table["source"] = toml_edit::value(head.source.as_str());
         table["cases"] = toml_edit::value(head.cases as i64);
@@ -295,6 +287,14 @@ impl Manifest {
         doc["needs_tool"] = toml_edit::Item::Table(table);
         replace_file(path, &doc.to_string())
     }
+}
+
+/// The manifest at `path` as an editable document, so that an update keeps its comments and
+/// layout.
+fn read_document(path: &Path) -> Result<toml_edit::DocumentMut> {
+    let text = std::fs::read_to_string(path).map_err(|e| EngineError::bad_file(path, e))?;
+    text.parse()
+        .map_err(|e: toml_edit::TomlError| EngineError::bad_file(path, e.message()))
 }
 
 fn round4(x: f64) -> f64 {

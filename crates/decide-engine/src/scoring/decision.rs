@@ -140,10 +140,15 @@ impl StagedDecision {
     /// The answers, from the outputs of the staged rows (in the order they were taken).
     pub fn finish(self, outputs: Vec<Vec<f32>>) -> Result<DecisionResponse, DecisionError> {
         let (plans, scores) = self.documents.finish(&self.engine, outputs)?;
-        let needs_tool = self.engine.info().needs_tool.as_ref().and_then(|head| {
-            let query = scores.query.as_deref()?;
-            head.probability(query, scores.last_message.as_deref())
-        });
+        // Only a request that asks whether any tool is needed pays for the head.
+        let asked = plans.iter().any(|p| matches!(p, Plan::NeedsTool));
+        let needs_tool = match (asked, &self.engine.info().needs_tool) {
+            (true, Some(head)) => scores
+                .query
+                .as_deref()
+                .and_then(|query| head.probability(query, scores.last_message.as_deref())),
+            _ => None,
+        };
         respond(
             &self.request,
             &plans,

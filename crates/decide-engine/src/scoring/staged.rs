@@ -111,8 +111,8 @@ impl Engine {
         match (self.inner.info.head, input.last_user_text()) {
             (HeadName::BiEncoder, Some(last)) if !candidates.is_empty() => {
                 let mut views: Vec<&str> = vec![&full];
-                let last_view = (last.trim() != full.trim()).then(|| {
-                    views.push(last);
+                let last_view = last_message_view(&full, input).map(|alone| {
+                    views.push(alone);
                     1
                 });
                 let parts = clauses(last);
@@ -137,9 +137,9 @@ impl Engine {
             return Err(self.wrong_head("a conversation's embedding needs a bi-encoder"));
         }
         let full = input.render();
-        match input.last_user_text() {
-            Some(last) if last.trim() != full.trim() => self.stage_bi(&[&full, last], Some(1), &[]),
-            _ => self.stage_bi(&[&full], None, &[]),
+        match last_message_view(&full, input) {
+            Some(last) => self.stage_bi(&[&full, last], Some(1), &[]),
+            None => self.stage_bi(&[&full], None, &[]),
         }
     }
 
@@ -311,7 +311,8 @@ impl Engine {
                             .fold(f64::NEG_INFINITY, f64::max)
                     })
                     .collect();
-                let last_message = last_view.and_then(|i| queries.get(i).cloned());
+                let mut queries = queries;
+                let last_message = last_view.and_then(|i| queries.get_mut(i).map(std::mem::take));
                 let query = queries.into_iter().next();
                 Ok(Scores {
                     raw,
@@ -329,6 +330,15 @@ impl Engine {
         let outputs = self.forward_rows(&rows)?;
         self.finish_scores(staged, outputs)
     }
+}
+
+/// The last user message of `input` as a view of its own, when it is not the whole of `full`
+/// (the input rendered): the one rule by which a decision and the needs-tool head's fitting embed
+/// it apart.
+fn last_message_view<'a>(full: &str, input: &'a DecisionInput) -> Option<&'a str> {
+    input
+        .last_user_text()
+        .filter(|last| last.trim() != full.trim())
 }
 
 /// The clauses of a request: its sentences, and within them the parts joined by "and" or "then",
