@@ -300,6 +300,33 @@ pub fn needs_tool_probability(needs_tool: Option<f64>, best_tool: f64) -> f64 {
     }
 }
 
+/// The needs-tool gate over one conversation's candidates: its probability
+/// ([`needs_tool_probability`] of `needs_tool` and `probabilities[best]`), and which candidates
+/// pass. While that probability is under `min_probability` none does; once it reaches it, the
+/// candidate at `best` does, with every one whose probability reaches
+/// `companion_min_probability`, the bar of the tools a request needs beside its best one.
+/// `best` is the caller's: its ranking decides ties, and which candidates may be the best.
+///
+/// # Panics
+///
+/// If `best` is not an index of `probabilities`.
+pub fn needs_tool_gate(
+    needs_tool: Option<f64>,
+    probabilities: &[f64],
+    best: usize,
+    min_probability: f64,
+    companion_min_probability: f64,
+) -> (f64, Vec<bool>) {
+    let probability = needs_tool_probability(needs_tool, probabilities[best]);
+    let open = probability >= min_probability;
+    let passing = probabilities
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| open && (i == best || p >= companion_min_probability))
+        .collect();
+    (probability, passing)
+}
+
 impl YesNoQuestion {
     const KIND: &'static str = "yes/no";
 
@@ -1654,5 +1681,27 @@ mod tests {
         // Certain answers stay finite.
         assert!(needs_tool_probability(Some(1.0), 0.0) <= 1.0);
         assert!(needs_tool_probability(Some(0.0), 0.0) < 1e-12);
+    }
+
+    #[test]
+    fn the_gate_passes_its_best_candidate_and_the_companions_once_open_and_nothing_while_shut() {
+        let probabilities = [0.3, 0.6, 0.25, 0.1];
+        // Open on the best tool alone: it and the companions at 0.25 or more pass.
+        assert_eq!(
+            needs_tool_gate(None, &probabilities, 1, 0.5, 0.25),
+            (0.6, vec![true, true, true, false])
+        );
+        // The caller's best passes under the companions' bar; the head's answer opens the gate.
+        let (probability, passing) = needs_tool_gate(Some(0.8), &probabilities, 3, 0.5, 0.5);
+        assert!((probability - 0.30769).abs() < 1e-5);
+        assert_eq!(passing, vec![false; 4]);
+        let (probability, passing) = needs_tool_gate(Some(0.95), &probabilities, 3, 0.5, 0.5);
+        assert!(probability >= 0.5);
+        assert_eq!(passing, vec![false, true, false, true]);
+        // Shut: nothing, however probable the companions.
+        assert_eq!(
+            needs_tool_gate(None, &probabilities, 0, 0.5, 0.0),
+            (0.3, vec![false; 4])
+        );
     }
 }

@@ -40,8 +40,8 @@
 //!   (ranks start at 1).
 //! * **Selected set** at the threshold `t`: the candidates with probability ≥ `t` (inclusive, as the filter's
 //!   `min_probability`). With the needs-tool gate ([`Rule::Gate`], as the filter's `needs_tool_gate`): nothing
-//!   unless [`needs_tool_probability`] of the case's [`needs_tool`](ScoredCase::needs_tool) answer and the
-//!   probability of its best candidate asked about (the first-ranked of those not passed without asking) reaches
+//!   unless [`needs_tool_probability`](decide_contract::needs_tool_probability) of the case's
+//!   [`needs_tool`](ScoredCase::needs_tool) answer and the probability of its best candidate asked about (the first-ranked of those not passed without asking) reaches
 //!   `t`; then that candidate and every candidate whose probability reaches the companion threshold.
 //!   * **precision**: micro-averaged over all (case, tool) pairs, TP / (TP + FP), where TP counts selected expected
 //!     tools and FP selected tools that were not expected; `None` when nothing was selected in any case.
@@ -107,7 +107,7 @@
 
 use std::collections::HashSet;
 
-use decide_contract::needs_tool_probability;
+use decide_contract::needs_tool_gate;
 use serde::Serialize;
 
 #[cfg(test)]
@@ -256,21 +256,22 @@ impl Rule {
                 min_probability,
                 companion_min_probability,
             } => {
-                let mut selected = vec![false; case.candidates.len()];
                 let Some(&best) = order
                     .iter()
                     .find(|&&i| !case.candidates[i].passed_without_asking)
                 else {
-                    return selected;
+                    return vec![false; case.candidates.len()];
                 };
-                let top = case.candidates[best].probability;
-                if needs_tool_probability(case.needs_tool, top) < min_probability {
-                    return selected;
-                }
-                for (i, c) in case.candidates.iter().enumerate() {
-                    selected[i] = i == best || c.probability >= companion_min_probability;
-                }
-                selected
+                let probabilities: Vec<f64> =
+                    case.candidates.iter().map(|c| c.probability).collect();
+                needs_tool_gate(
+                    case.needs_tool,
+                    &probabilities,
+                    best,
+                    min_probability,
+                    companion_min_probability,
+                )
+                .1
             }
         }
     }

@@ -10,8 +10,8 @@ use decide_chat::{
     UserMessage,
 };
 use decide_contract::{
-    needs_tool_probability, Conformal, DecisionError, DecisionInput, DecisionModel,
-    DecisionRequest, InvalidTargetRecall, YesNoQuestion,
+    needs_tool_gate, Conformal, DecisionError, DecisionInput, DecisionModel, DecisionRequest,
+    InvalidTargetRecall, YesNoQuestion,
 };
 
 use crate::error::FilterError;
@@ -401,9 +401,9 @@ impl FilteringToolProvider {
     }
 
     /// The candidates that pass, and with the needs-tool gate what it decided on. Without the gate: probability at
-    /// least `min_probability`. With it: nothing unless [`needs_tool_probability`] of the model's `answer` and the
-    /// best candidate's probability reaches `min_probability`, and then the best candidate and every one whose
-    /// probability reaches `companion_min_probability`. Then the `max_results` most probable (earlier tools win
+    /// least `min_probability`. With it, [`needs_tool_gate`]: nothing unless the gate's probability (of the model's
+    /// `answer` and the best candidate's probability) reaches `min_probability`, and then the best candidate and
+    /// every one whose probability reaches `companion_min_probability`. Then the `max_results` most probable (earlier tools win
     /// ties, so the result does not depend on sort stability).
     fn passing(
         &self,
@@ -427,27 +427,31 @@ impl FilteringToolProvider {
                 ),
                 Some(companion) => {
                     // The first of equally probable tools is the best, as in the ranking.
-                    let best = scored
-                        .iter()
-                        .fold(None, |best: Option<(usize, f64)>, &(i, p)| match best {
+                    let best = scored.iter().enumerate().fold(
+                        None,
+                        |best: Option<(usize, f64)>, (k, &(_, p))| match best {
                             Some((_, b)) if b >= p => best,
-                            _ => Some((i, p)),
-                        });
-                    let Some((best, top)) = best else {
+                            _ => Some((k, p)),
+                        },
+                    );
+                    let best = best.map(|(k, _)| k);
+                    let Some(best) = best else {
                         return (Vec::new(), None);
                     };
-                    let probability = needs_tool_probability(answer, top);
-                    let open = probability >= self.min_probability;
+                    let only: Vec<f64> = scored.iter().map(|&(_, p)| p).collect();
+                    let (probability, passes) =
+                        needs_tool_gate(answer, &only, best, self.min_probability, companion);
                     let passing = scored
                         .into_iter()
-                        .filter(|&(i, p)| open && (i == best || p >= companion))
+                        .zip(passes)
+                        .filter_map(|(scored, passes)| passes.then_some(scored))
                         .collect();
                     (
                         passing,
                         Some(Gate {
                             answer,
                             probability,
-                            open,
+                            open: probability >= self.min_probability,
                         }),
                     )
                 }
@@ -670,7 +674,7 @@ impl FilteringToolProviderBuilder {
 
     /// Decide first whether the conversation needs any tool, then which: the first decision request also asks
     /// [`YesNoQuestion::needs_tool`], and no tool passes unless
-    /// [`needs_tool_probability`] of its answer and the best tool's probability reaches
+    /// [`needs_tool_probability`](decide_contract::needs_tool_probability) of its answer and the best tool's probability reaches
     /// [`min_probability`](Self::min_probability); then the best tool passes, and with it every tool whose
     /// probability reaches `companion_min_probability` (between 0 and 1). A model that refuses the question
     /// (one without a needs-tool head) leaves the gate to the best tool's probability alone.
