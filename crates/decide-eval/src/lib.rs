@@ -41,8 +41,9 @@
 //! * **Selected set** at the threshold `t`: the candidates with probability ≥ `t` (inclusive, as the filter's
 //!   `min_probability`). With the needs-tool gate ([`Rule::Gate`], as the filter's `needs_tool_gate`): nothing
 //!   unless [`needs_tool_probability`](decide_contract::needs_tool_probability) of the case's
-//!   [`needs_tool`](ScoredCase::needs_tool) answer and the probability of its best candidate asked about (the first-ranked of those not passed without asking) reaches
-//!   `t`; then that candidate and every candidate whose probability reaches the companion threshold.
+//!   [`needs_tool`](ScoredCase::needs_tool) answer and the probability of its best candidate asked about (the
+//!   first-ranked of those not passed without asking) reaches `t`; then that candidate and every candidate whose
+//!   probability reaches the companion threshold.
 //!   * **precision**: micro-averaged over all (case, tool) pairs, TP / (TP + FP), where TP counts selected expected
 //!     tools and FP selected tools that were not expected; `None` when nothing was selected in any case.
 //!   * **recall**: micro-averaged, TP / (TP + FN), where FN counts expected tools that were not selected; `None`

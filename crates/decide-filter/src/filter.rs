@@ -403,8 +403,8 @@ impl FilteringToolProvider {
     /// The candidates that pass, and with the needs-tool gate what it decided on. Without the gate: probability at
     /// least `min_probability`. With it, [`needs_tool_gate`]: nothing unless the gate's probability (of the model's
     /// `answer` and the best candidate's probability) reaches `min_probability`, and then the best candidate and
-    /// every one whose probability reaches `companion_min_probability`. Then the `max_results` most probable (earlier tools win
-    /// ties, so the result does not depend on sort stability).
+    /// every one whose probability reaches `companion_min_probability`. Then the `max_results` most probable
+    /// (earlier tools win ties, so the result does not depend on sort stability).
     fn passing(
         &self,
         candidates: &[usize],
@@ -426,21 +426,17 @@ impl FilteringToolProvider {
                     None,
                 ),
                 Some(companion) => {
+                    let only: Vec<f64> = scored.iter().map(|&(_, p)| p).collect();
                     // The first of equally probable tools is the best, as in the ranking.
-                    let best = scored.iter().enumerate().fold(
-                        None,
-                        |best: Option<(usize, f64)>, (k, &(_, p))| match best {
-                            Some((_, b)) if b >= p => best,
-                            _ => Some((k, p)),
-                        },
-                    );
-                    let best = best.map(|(k, _)| k);
-                    let Some(best) = best else {
+                    let Some(best) =
+                        (0..only.len()).reduce(|b, k| if only[b] >= only[k] { b } else { k })
+                    else {
                         return (Vec::new(), None);
                     };
-                    let only: Vec<f64> = scored.iter().map(|&(_, p)| p).collect();
                     let (probability, passes) =
                         needs_tool_gate(answer, &only, best, self.min_probability, companion);
+                    // Once open, the gate passes at least the best tool.
+                    let open = passes.iter().any(|&p| p);
                     let passing = scored
                         .into_iter()
                         .zip(passes)
@@ -451,7 +447,7 @@ impl FilteringToolProvider {
                         Some(Gate {
                             answer,
                             probability,
-                            open: probability >= self.min_probability,
+                            open,
                         }),
                     )
                 }
