@@ -110,10 +110,14 @@ fn select_takes_a_plain_text_and_prints_a_table() {
 
 #[test]
 fn max_results_limits_the_selection() {
+    // One threshold of 0 passes all 27 tools; the needs-tool gate would pass only the best one
+    // and its companions, however many the model puts over their bar.
     let o = decide(&[
         "select",
         "--tools",
         "examples/tools.json",
+        "--needs-tool-gate",
+        "off",
         "--min-probability",
         "0",
         "--max-results",
