@@ -19,8 +19,11 @@
 //! * **Synchronous executors, asynchronous client.** Provider executors are synchronous (the agent runs them on the
 //!   blocking pool), the MCP session is asynchronous: a call runs on a scoped thread that drives it on the session's
 //!   runtime, which works from the blocking pool and from plain threads alike.
-//! * **The child is the provider's.** A stdio server is stopped when the provider is dropped (rmcp kills the child
-//!   process with its transport).
+//! * **The child is the provider's.** A stdio server runs in a process group of its own, and the whole group is
+//!   stopped when the provider is dropped, so a server behind a launcher (`npx`, `uvx`, `sh -c`) goes with it.
+//! * **A server sees only what it needs.** [`McpToolProvider::stdio`] and the gateway start a server with
+//!   [`inherited_environment`] (the variables the official MCP SDKs pass: `HOME`, `LOGNAME`, `PATH`, `SHELL`,
+//!   `TERM`, `USER`) plus the ones configured for it, never the caller's whole environment, which holds API keys.
 //!
 //! # Example
 //!
@@ -138,6 +141,27 @@ struct Session {
     runtime: tokio::runtime::Handle,
     server: String,
     timeout: Duration,
+    /// Dropped after `service` (fields drop in order): the session's end first closes the server's input, then
+    /// whatever is left of its process group goes.
+    _process_group: Option<ProcessGroup>,
+}
+
+/// A stdio server's process group, killed when dropped: a launcher (`npx`, `uvx`, `sh -c`) may exit on its
+/// own when its input closes and leave the real server running, which nothing else would stop.
+struct ProcessGroup(u32);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Ok(id) = i32::try_from(self.0) {
+            // The group outlives its leader while any member lives, so its id is not reused before then; once
+            // it is empty the signal finds nobody (ESRCH), which is fine.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(id),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
 
 impl Session {
@@ -280,6 +304,59 @@ impl ToolExecutor for McpExecutor {
     }
 }
 
+impl McpError {
+    /// The same error naming the server `server`.
+    pub(crate) fn renamed(mut self, name: &str) -> Self {
+        match &mut self {
+            Self::Connect { server, .. }
+            | Self::Timeout { server, .. }
+            | Self::Request { server, .. }
+            | Self::Refused { server, .. } => *server = name.to_owned(),
+        }
+        self
+    }
+}
+
+/// The variables of this process a stdio MCP server inherits: those the official MCP SDKs pass
+/// (`HOME`, `LOGNAME`, `PATH`, `SHELL`, `TERM` and `USER`; on Windows the system folders, `PATH`,
+/// `TEMP` and the user's profile), where set, and none whose value starts with `()` (a shell
+/// function). Everything else, API keys above all, stays out unless the server's configuration
+/// names it under `env`.
+pub fn inherited_environment() -> Vec<(String, String)> {
+    allowed_environment(std::env::vars_os())
+}
+
+#[cfg(windows)]
+const INHERITED: &[&str] = &[
+    "APPDATA",
+    "HOMEDRIVE",
+    "HOMEPATH",
+    "LOCALAPPDATA",
+    "PATH",
+    "PATHEXT",
+    "PROCESSOR_ARCHITECTURE",
+    "SYSTEMDRIVE",
+    "SYSTEMROOT",
+    "TEMP",
+    "USERNAME",
+    "USERPROFILE",
+];
+#[cfg(not(windows))]
+const INHERITED: &[&str] = &["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
+
+fn allowed_environment(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<(String, String)> {
+    vars.filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .filter(|(name, value)| {
+            INHERITED
+                .iter()
+                .any(|allowed| name.eq_ignore_ascii_case(allowed))
+                && !value.starts_with("()")
+        })
+        .collect()
+}
+
 /// A [`ToolProvider`] handing out the tools of one MCP server.
 pub struct McpToolProvider {
     session: Arc<Session>,
@@ -298,12 +375,13 @@ impl McpToolProvider {
         S: AsRef<std::ffi::OsStr>,
     {
         let mut process = tokio::process::Command::new(command);
-        process.args(args);
+        process.args(args).env_clear().envs(inherited_environment());
         Self::stdio_command(process, command, options).await
     }
 
     /// Like [`stdio`](Self::stdio), with the command set up by the caller (its environment, its working
-    /// folder); `name` names the server in errors until it gives its own.
+    /// folder); `name` names the server in errors until it gives its own. The command inherits the
+    /// caller's environment unless it was cleared: see [`inherited_environment`].
     pub async fn stdio_command(
         mut process: tokio::process::Command,
         name: &str,
@@ -316,8 +394,14 @@ impl McpToolProvider {
             server: server.clone(),
             message,
         };
+        let mut process = process_wrap::tokio::CommandWrap::from(process);
+        // The group's leader is the command; killing the group at drop reaches the server a launcher started.
+        #[cfg(unix)]
+        process.wrap(process_wrap::tokio::ProcessGroup::leader());
         let transport = TokioChildProcess::new(process)
             .map_err(|error| connect_error(format!("cannot start it: {error}")))?;
+        // On Unix the child leads its own group, so its pid is the group's id.
+        let group = transport.id().filter(|_| cfg!(unix)).map(ProcessGroup);
         let service = tokio::time::timeout(options.timeout, ().serve(transport))
             .await
             .map_err(|_| McpError::Timeout {
@@ -326,7 +410,7 @@ impl McpToolProvider {
                 timeout: options.timeout,
             })?
             .map_err(|error| connect_error(error.to_string()))?;
-        Self::connected(service, server, options).await
+        Self::connected(service, server, options, group).await
     }
 
     /// Connects to the streamable HTTP MCP endpoint at `url` (e.g. `http://localhost:3001/mcp`) and lists its
@@ -344,13 +428,14 @@ impl McpToolProvider {
                 server: url.to_owned(),
                 message: error.to_string(),
             })?;
-        Self::connected(service, url.to_owned(), options).await
+        Self::connected(service, url.to_owned(), options, None).await
     }
 
     async fn connected(
         service: RunningService<RoleClient, ()>,
         address: String,
         options: McpOptions,
+        process_group: Option<ProcessGroup>,
     ) -> Result<Self, McpError> {
         let server = service
             .peer_info()
@@ -362,6 +447,7 @@ impl McpToolProvider {
             runtime: tokio::runtime::Handle::current(),
             server,
             timeout: options.timeout,
+            _process_group: process_group,
         });
         let provider = Self {
             session,
@@ -501,5 +587,28 @@ impl std::fmt::Debug for McpToolProvider {
             .field("server", &self.session.server)
             .field("tools", &self.tool_names())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stdio_server_inherits_only_the_allowed_variables() {
+        let parent = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/a"),
+            ("DECIDE_API_KEY", "k1"),
+            ("OPENAI_API_KEY", "k2"),
+            ("TERM", "() { :; }"),
+            ("LANG", "C.UTF-8"),
+        ];
+        let kept = allowed_environment(parent.iter().map(|(k, v)| (k.into(), v.into())));
+        let names: Vec<&str> = kept.iter().map(|(k, _)| k.as_str()).collect();
+        #[cfg(not(windows))]
+        assert_eq!(names, ["PATH", "HOME"]);
+        #[cfg(windows)]
+        assert_eq!(names, ["PATH"]);
     }
 }

@@ -40,14 +40,22 @@ impl ServerSpec {
         })
     }
 
-    /// What errors call the server until it gives its own name: its command line or URL.
+    /// What errors call an unnamed server until it gives its own name: its program, or its URL without
+    /// credentials or query. Never the arguments, which often carry tokens (`--api-key ...`).
     pub fn describe(&self) -> String {
         match self {
-            Self::Stdio { command, args, .. } => std::iter::once(command.as_str())
-                .chain(args.iter().map(String::as_str))
-                .collect::<Vec<_>>()
-                .join(" "),
-            Self::Http { url } => url.clone(),
+            Self::Stdio { command, .. } => command.clone(),
+            Self::Http { url } => {
+                let url = url.split(['?', '#']).next().unwrap_or_default();
+                match url.split_once("://") {
+                    Some((scheme, rest)) => {
+                        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                        let host = authority.rsplit('@').next().unwrap_or_default();
+                        format!("{scheme}://{host}{path}")
+                    }
+                    None => url.to_owned(),
+                }
+            }
         }
     }
 }
@@ -189,6 +197,20 @@ fn server(path: &str, entry: &Map<String, Value>) -> Result<Option<ServerSpec>, 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_server_is_described_without_its_arguments_or_credentials() {
+        let stdio = ServerSpec::command_line("npx -y server-github --token ghp_secret").unwrap();
+        assert_eq!(stdio.describe(), "npx");
+        let http = ServerSpec::Http {
+            url: "https://user:pw@mcp.example.com:8443/mcp?key=abc#x".into(),
+        };
+        assert_eq!(http.describe(), "https://mcp.example.com:8443/mcp");
+        let plain = ServerSpec::Http {
+            url: "http://localhost:3001".into(),
+        };
+        assert_eq!(plain.describe(), "http://localhost:3001");
+    }
+
     use super::*;
 
     #[test]
@@ -244,11 +266,13 @@ mod tests {
 
     #[test]
     fn a_command_line_splits_on_white_space() {
+        let spec = ServerSpec::command_line(" node  index.js stdio ").unwrap();
+        let ServerSpec::Stdio { command, args, .. } = spec else {
+            panic!("{spec:?}")
+        };
         assert_eq!(
-            ServerSpec::command_line(" node  index.js stdio ")
-                .unwrap()
-                .describe(),
-            "node index.js stdio"
+            (command.as_str(), args),
+            ("node", vec!["index.js".to_owned(), "stdio".to_owned()])
         );
         assert!(ServerSpec::command_line("  ").is_err());
     }

@@ -109,15 +109,24 @@ struct Found {
 }
 
 impl Gateway {
-    /// Starts (or connects to) every upstream and lists its tools; the first that fails ends the start with an
-    /// error naming it.
+    /// Starts (or connects to) every upstream and lists its tools. One that fails is named in a warning and
+    /// tried again at its next use, while the others serve; the start fails, naming the first error, only
+    /// when none of them started.
     pub async fn start(
         servers: Vec<(Option<String>, ServerSpec)>,
         options: GatewayOptions,
     ) -> Result<Self, McpError> {
         let mut upstreams: Vec<Upstream> = Vec::new();
+        let mut first_error = None;
+        let mut started = 0;
         for (name, spec) in servers {
-            let mut upstream = Upstream::start(name, spec, options.mcp.clone()).await?;
+            let (mut upstream, error) = Upstream::start(name, spec, options.mcp.clone()).await;
+            match error {
+                None => started += 1,
+                Some(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
             // Two servers of one name still need distinct prefixes.
             let base = upstream.name.clone();
             let mut n = 1;
@@ -127,7 +136,21 @@ impl Gateway {
             }
             upstreams.push(upstream);
         }
-        Ok(Self { upstreams, options })
+        match first_error {
+            Some(error) if started == 0 => Err(error),
+            _ => Ok(Self { upstreams, options }),
+        }
+    }
+
+    /// The upstreams that are down, each with why, for a search's answer to name.
+    async fn unavailable(&self) -> Vec<Value> {
+        let mut down = Vec::new();
+        for upstream in &self.upstreams {
+            if let Some(error) = upstream.down().await {
+                down.push(json!({"server": upstream.name, "error": error}));
+            }
+        }
+        down
     }
 
     /// The upstreams' names, in order.

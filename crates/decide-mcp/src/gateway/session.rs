@@ -184,7 +184,12 @@ impl GatewaySession {
                 tracing::warn!(%error, "could not send notifications/tools/list_changed");
             }
         }
-        let structured = json!({ "tools": results });
+        let mut structured = json!({ "tools": results });
+        // Tools of a server that is down cannot be found; saying so keeps the client from concluding they do not exist.
+        let unavailable = self.gateway.unavailable().await;
+        if !unavailable.is_empty() {
+            structured["unavailable"] = Value::Array(unavailable);
+        }
         let mut result = CallToolResult::success(vec![ContentBlock::text(structured.to_string())]);
         result.structured_content = Some(structured);
         result

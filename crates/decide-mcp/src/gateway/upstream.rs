@@ -35,12 +35,20 @@ struct State {
 pub(crate) struct Upstream {
     /// The name clashes are prefixed with: the key of the configuration file, or the server's own name.
     pub(crate) name: String,
+    /// What errors call it before it gives its own name.
+    label: String,
     spec: ServerSpec,
     options: McpOptions,
     state: tokio::sync::Mutex<State>,
 }
 
-async fn connect(spec: &ServerSpec, options: &McpOptions) -> Result<McpToolProvider, McpError> {
+/// Starts or connects to the server; `label` names it in errors (the configuration's key, never a command line
+/// whose arguments may hold secrets).
+async fn connect(
+    spec: &ServerSpec,
+    label: &str,
+    options: &McpOptions,
+) -> Result<McpToolProvider, McpError> {
     match spec {
         ServerSpec::Stdio {
             command,
@@ -49,13 +57,21 @@ async fn connect(spec: &ServerSpec, options: &McpOptions) -> Result<McpToolProvi
             cwd,
         } => {
             let mut process = tokio::process::Command::new(command);
-            process.args(args).envs(env);
+            // The gateway's own environment holds its API key and the LLM's: a server gets only the
+            // allow-listed variables and what its configuration gives it.
+            process
+                .args(args)
+                .env_clear()
+                .envs(crate::inherited_environment())
+                .envs(env);
             if let Some(cwd) = cwd {
                 process.current_dir(cwd);
             }
-            McpToolProvider::stdio_command(process, &spec.describe(), options.clone()).await
+            McpToolProvider::stdio_command(process, label, options.clone()).await
         }
-        ServerSpec::Http { url } => McpToolProvider::http(url, options.clone()).await,
+        ServerSpec::Http { url } => McpToolProvider::http(url, options.clone())
+            .await
+            .map_err(|error| error.renamed(label)),
     }
 }
 
@@ -80,26 +96,60 @@ pub(crate) fn sanitize(name: &str) -> String {
 
 impl Upstream {
     /// Starts or connects to the server and lists its tools; `name` is the configuration's, or `None` for the
-    /// server's own.
+    /// server's own. A server that fails to start is kept, down, with no tools and its error, and is tried again
+    /// at its next use after the backoff: one broken server does not stop the others.
+    /// The error is the start's, when it failed.
     pub(crate) async fn start(
         name: Option<String>,
         spec: ServerSpec,
         options: McpOptions,
-    ) -> Result<Self, McpError> {
-        let provider = connect(&spec, &options).await?;
-        let name = sanitize(&name.unwrap_or_else(|| provider.server_name().to_owned()));
-        Ok(Self {
+    ) -> (Self, Option<McpError>) {
+        let label = name.clone().unwrap_or_else(|| spec.describe());
+        let (provider, error) = match connect(&spec, &label, &options).await {
+            Ok(provider) => (Some(provider), None),
+            Err(error) => {
+                tracing::warn!(server = %label, %error, "MCP server did not start; trying again at its next use");
+                (None, Some(error))
+            }
+        };
+        let last_error = error.as_ref().map(ToString::to_string).unwrap_or_default();
+        let name = sanitize(&match (&name, &provider) {
+            (Some(name), _) => name.clone(),
+            (None, Some(provider)) => provider.server_name().to_owned(),
+            (None, None) => label.clone(),
+        });
+        let failures = u32::from(provider.is_none());
+        let upstream = Self {
             name,
+            label,
             spec,
             options,
             state: tokio::sync::Mutex::new(State {
-                tools: provider.listed_tools(),
-                provider: Some(Arc::new(provider)),
-                failures: 0,
-                retry_at: Instant::now(),
-                last_error: String::new(),
+                tools: provider
+                    .as_ref()
+                    .map(McpToolProvider::listed_tools)
+                    .unwrap_or_default(),
+                provider: provider.map(Arc::new),
+                failures,
+                retry_at: Instant::now()
+                    + if failures > 0 {
+                        FIRST_BACKOFF
+                    } else {
+                        Duration::ZERO
+                    },
+                last_error,
             }),
-        })
+        };
+        (upstream, error)
+    }
+
+    /// Why the server is down, when it is.
+    pub(crate) async fn down(&self) -> Option<String> {
+        let state = self.state.lock().await;
+        match &state.provider {
+            Some(provider) if !provider.is_closed() => None,
+            _ => Some(state.last_error.clone()),
+        }
     }
 
     /// The server's tools as last listed, restarting it first when it is down and its backoff has passed.
@@ -127,7 +177,7 @@ impl Upstream {
                 (state.retry_at - now).as_secs_f64()
             ));
         }
-        match connect(&self.spec, &self.options).await {
+        match connect(&self.spec, &self.label, &self.options).await {
             Ok(provider) => {
                 tracing::info!(server = %self.name, "restarted the MCP server");
                 let provider = Arc::new(provider);
@@ -208,7 +258,8 @@ mod tests {
             cwd: None,
         };
         let options = McpOptions::default().with_timeout(Duration::from_secs(2));
-        let upstream = Upstream::start(None, spec, options).await.unwrap();
+        let (upstream, error) = Upstream::start(None, spec, options).await;
+        assert!(error.is_none(), "{error:?}");
         assert_eq!(upstream.name, "tiny");
         let context = InvocationContext::new();
         let Err(CallError::Down(message)) = upstream.call("hang", None, &context).await else {
@@ -235,6 +286,115 @@ mod tests {
             panic!("not restarted");
         };
         assert_eq!(crate::result_text(&result), "desserts");
+    }
+
+    /// The tiny server behind `sh`, which first writes its environment to `env` and starts a `sleep` in the
+    /// background whose pid goes to `pid`: a launcher's child, as `npx` or `uvx` leave.
+    fn tiny_behind_a_launcher(dir: &std::path::Path, env: &[(&str, &str)]) -> ServerSpec {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/mcp_client.py");
+        let line = format!(
+            "env > {dir}/env; sleep 600 & echo $! > {dir}/pid; exec python3 {script} upstream",
+            dir = dir.display()
+        );
+        ServerSpec::Stdio {
+            command: "sh".into(),
+            args: vec!["-c".into(), line],
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cwd: None,
+        }
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("decide-mcp-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upstream_sees_only_the_allowed_variables_and_its_own() {
+        // Cargo runs tests with CARGO_MANIFEST_DIR set: a variable of the gateway's that no server needs.
+        assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+        let dir = scratch("env");
+        let spec = tiny_behind_a_launcher(&dir, &[("MEMORY_FILE_PATH", "/tmp/m.json")]);
+        let (upstream, error) =
+            Upstream::start(Some("tiny".into()), spec, McpOptions::default()).await;
+        assert!(error.is_none(), "{error:?}");
+        let env = std::fs::read_to_string(dir.join("env")).unwrap();
+        let names: Vec<&str> = env
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, _)| k)
+            .collect();
+        assert!(names.contains(&"MEMORY_FILE_PATH"), "{names:?}");
+        assert!(names.contains(&"PATH"), "{names:?}");
+        // sh adds PWD, SHLVL and `_` of its own; everything else must be on the list.
+        for name in names {
+            assert!(
+                crate::INHERITED.contains(&name)
+                    || ["MEMORY_FILE_PATH", "PWD", "SHLVL", "_"].contains(&name),
+                "the upstream saw {name}"
+            );
+        }
+        drop(upstream);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn alive(pid: &str) -> bool {
+        // A zombie has exited; only its parent has not read its status yet.
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropping_an_upstream_stops_what_its_launcher_started() {
+        let dir = scratch("group");
+        let spec = tiny_behind_a_launcher(&dir, &[]);
+        let (upstream, error) =
+            Upstream::start(Some("tiny".into()), spec, McpOptions::default()).await;
+        assert!(error.is_none(), "{error:?}");
+        let pid = std::fs::read_to_string(dir.join("pid"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        assert!(alive(&pid));
+        drop(upstream);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(&pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !alive(&pid),
+            "the launcher's child {pid} outlived the upstream"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upstream_that_fails_to_start_is_named_by_its_key_and_kept_down() {
+        let spec = ServerSpec::Stdio {
+            command: "/nonexistent/server".into(),
+            args: vec!["--api-key".into(), "sk-secret".into()],
+            env: Default::default(),
+            cwd: None,
+        };
+        let (upstream, error) =
+            Upstream::start(Some("github".into()), spec, McpOptions::default()).await;
+        let error = error.expect("a missing program started").to_string();
+        assert!(
+            error.starts_with("MCP server github: cannot connect"),
+            "{error}"
+        );
+        assert!(!error.contains("sk-secret"), "{error}");
+        assert_eq!(upstream.name, "github");
+        assert!(upstream.down().await.is_some());
+        assert!(upstream.tools().await.is_empty());
     }
 
     #[test]
