@@ -114,7 +114,10 @@ pub enum Precision {
     Int8,
     /// 16-bit floats (GPUs).
     F16,
-    /// bfloat16 (GPUs).
+    /// bfloat16. On a GPU, candle's bf16 tensors. On the CPU, the linear layers' weights and
+    /// inputs rounded to bf16 and multiplied on AMX tiles with f32 sums (Intel Xeons since
+    /// Sapphire Rapids; an error elsewhere); attention, LayerNorm, GELU and the head stay f32.
+    /// Needs the fused CPU kernels.
     Bf16,
     /// The fastest precision that keeps the accuracy targets on this device: today f32
     /// everywhere (on the CPU with the fused kernels, see [`CpuKernels`]).
@@ -182,16 +185,24 @@ impl FromStr for Precision {
 
 impl Precision {
     /// The candle dtype, checked against the device: candle's CPU backend has no fast
-    /// half-precision kernels, so f16 and bf16 there would be slower than f32, not faster. The
-    /// fused CPU kernels are f32 too: without AMX, an AVX512-BF16 dot product (`vdpbf16ps`)
-    /// measured at 70% of the f32 FMA rate per core on Xeons without AMX, so a bf16 linear layer
-    /// would not beat the f32 one.
+    /// half-precision kernels, so f16 and bf16 tensors there would be slower than f32, not
+    /// faster. Without AMX, an AVX512-BF16 dot product (`vdpbf16ps`) measured at 70% of the
+    /// f32 FMA rate per core on Xeons, so a bf16 linear layer would not beat the f32 one: bf16
+    /// on the CPU is the AMX kernels only, and an error on a CPU without them.
     ///
-    /// int8 runs f32 activations between the int8 products: its dtype is f32, on the CPU only.
+    /// int8 and bf16 on the CPU run f32 activations between their products: their dtype is
+    /// f32.
     pub fn dtype_for(self, device: &Device) -> Result<DType> {
         match (self, device) {
             (Precision::F32 | Precision::Auto, _) => Ok(DType::F32),
             (Precision::Int8, Device::Cpu) => Ok(DType::F32),
+            (Precision::Bf16, Device::Cpu) => match super::amx::Amx::detect() {
+                Some(_) => Ok(DType::F32),
+                None => Err(EngineError::InvalidOption {
+                    option: "dtype",
+                    message: super::kernels::BF16_NEEDS_AMX.into(),
+                }),
+            },
             (Precision::Int8, _) => Err(EngineError::InvalidOption {
                 option: "dtype",
                 message: "int8 runs on the cpu only (its kernels are CPU kernels); use f16 or \
@@ -202,7 +213,7 @@ impl Precision {
                 option: "dtype",
                 message: format!(
                     "{} is not available on the cpu (no half-precision CPU kernel is faster than \
-                     f32 there); use f32, int8 or auto",
+                     f32 there); use f32, int8, bf16 (with AMX) or auto",
                     self.name()
                 ),
             }),
@@ -273,11 +284,24 @@ mod tests {
     #[test]
     fn half_precision_is_refused_on_cpu() {
         assert_eq!(Precision::F32.dtype_for(&Device::Cpu).unwrap(), DType::F32);
-        let err = Precision::Bf16
+        let err = Precision::F16
             .dtype_for(&Device::Cpu)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("bf16 is not available on the cpu"), "{err}");
+        assert!(err.contains("f16 is not available on the cpu"), "{err}");
+        // bf16 is the AMX kernels' (f32 activations between them), or a one-line error.
+        match Precision::Bf16.dtype_for(&Device::Cpu) {
+            Ok(dtype) => {
+                assert!(crate::backend::amx::Amx::detect().is_some());
+                assert_eq!(dtype, DType::F32);
+            }
+            Err(err) => {
+                let err = err.to_string();
+                assert!(err.contains("bf16 on the cpu needs AMX"), "{err}");
+                assert!(!err.contains('\n'), "{err}");
+            }
+        }
+        assert_eq!("BF16".parse::<Precision>().unwrap(), Precision::Bf16);
         assert!("fp8".parse::<Precision>().is_err());
         assert_eq!("auto".parse::<Precision>().unwrap(), Precision::Auto);
         assert_eq!(Precision::Auto.dtype_for(&Device::Cpu).unwrap(), DType::F32);

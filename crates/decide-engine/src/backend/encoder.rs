@@ -590,8 +590,9 @@ impl Model {
         })
     }
 
-    /// Which code runs the layers, for reports: `stock`, `fused-<instruction set>-f32`, or
-    /// `fused-<instruction set>-int8-<int8 kernels' instruction set>`.
+    /// Which code runs the layers, for reports: `stock`, `fused-<instruction set>-f32`,
+    /// `fused-<instruction set>-int8-<int8 kernels' instruction set>`, or
+    /// `fused-<instruction set>-bf16-amx`.
     pub fn kernels(&self) -> String {
         match self.path {
             CpuPath::Stock => "stock".into(),
@@ -599,6 +600,7 @@ impl Model {
             CpuPath::Fused(isa, LinearFormat::Int8) => {
                 format!("fused-{}-int8-{}", isa.name(), isa.int8().name())
             }
+            CpuPath::Fused(isa, LinearFormat::Bf16) => format!("fused-{}-bf16-amx", isa.name()),
         }
     }
 

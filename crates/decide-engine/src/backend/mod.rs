@@ -16,6 +16,7 @@ use serde::Deserialize;
 use crate::error::{require, EngineError, Result};
 use crate::registry::Build;
 
+mod amx;
 mod batching;
 pub(crate) mod config;
 pub(crate) mod device;
@@ -43,8 +44,8 @@ pub(crate) trait Backend: Send + Sync {
     fn device(&self) -> &Device;
     /// The dtype of its weights and activations.
     fn dtype(&self) -> DType;
-    /// Which code runs the layers: `stock`, `fused-<instruction set>-f32` or
-    /// `fused-<instruction set>-int8-<int8 kernels>`.
+    /// Which code runs the layers: `stock`, `fused-<instruction set>-f32`,
+    /// `fused-<instruction set>-int8-<int8 kernels>` or `fused-<instruction set>-bf16-amx`.
     fn kernels(&self) -> String;
 }
 
@@ -64,6 +65,8 @@ pub(crate) struct Placement {
     pub(crate) kernels: CpuKernels,
     /// The linear layers in int8 (fused CPU path only).
     pub(crate) int8: bool,
+    /// The linear layers in bf16 on AMX (fused CPU path only; the caller checked for AMX).
+    pub(crate) bf16: bool,
     /// Rows the int8 path measures its layers' input ranges on (see [`Model::load`]).
     pub(crate) int8_calibration: Vec<crate::tokenize::TokenRow>,
     pub(crate) max_batch_tokens: usize,
@@ -85,6 +88,7 @@ impl CandleBackend {
             dtype,
             kernels,
             int8,
+            bf16,
             int8_calibration,
             max_batch_tokens,
         } = placement;
@@ -115,6 +119,8 @@ impl CandleBackend {
         };
         let format = if int8 {
             kernels::LinearFormat::Int8
+        } else if bf16 {
+            kernels::LinearFormat::Bf16
         } else {
             kernels::LinearFormat::F32
         };

@@ -173,6 +173,17 @@ impl EngineBuilder {
                     .into(),
             });
         }
+        if self.precision == Precision::Bf16
+            && matches!(device, Device::Cpu)
+            && self.cpu_kernels == CpuKernels::Stock
+        {
+            return Err(EngineError::InvalidOption {
+                option: "dtype",
+                message: "bf16 on the cpu runs on the fused CPU kernels, and --kernels stock has \
+                          none (use auto)"
+                    .into(),
+            });
+        }
         Engine::load(location, device, dtype, self)
     }
 }
@@ -284,6 +295,8 @@ impl Engine {
             Precision::Int8 => int8_calibration(&tokens, head_name)?,
             _ => Vec::new(),
         };
+        // On other devices bf16 is candle's own dtype (see `Precision::dtype_for`).
+        let bf16 = options.precision == Precision::Bf16 && matches!(device, Device::Cpu);
         let backend = CandleBackend::load(
             &dir,
             config,
@@ -294,6 +307,7 @@ impl Engine {
                 dtype,
                 kernels: options.cpu_kernels,
                 int8: options.precision == Precision::Int8,
+                bf16,
                 int8_calibration,
                 max_batch_tokens: options.max_batch_tokens,
             },
@@ -342,6 +356,7 @@ impl Engine {
             device: device_name(backend.device()),
             dtype: match options.precision {
                 Precision::Int8 => "int8".into(),
+                Precision::Bf16 => "bf16".into(),
                 _ => format!("{:?}", backend.dtype()).to_lowercase(),
             },
             calibration,

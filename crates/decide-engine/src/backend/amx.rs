@@ -1,0 +1,721 @@
+//! bf16 matrix products on Intel AMX tiles: the linear layers of `--dtype bf16`.
+//!
+//! Sapphire Rapids and later Xeons multiply bf16 matrices in AMX tiles (`tdpbf16ps`: a 16×32
+//! bf16 tile times a 32×16 one, accumulated into 16×16 f32) at several times the f32 FMA
+//! rate of the same core. The AMX intrinsics are unstable in Rust, so the tile instructions are
+//! written as inline assembly, as candle does for its AMX int8 kernel.
+//!
+//! * **Weights** are rounded to bf16 once at load and packed in the VNNI layout a B tile reads:
+//!   [`PANEL`] output columns at a time (two tiles of 16), for each block of 32 inputs, each
+//!   tile 16 lines of 64 bytes whose line `r` holds inputs `2r` and `2r + 1` of its 16 columns
+//!   side by side. A tile is then 1 KiB of contiguous memory, loaded with a stride of 64 bytes.
+//!   `k` and `n` are padded to multiples of 32 with zeros.
+//! * **Activations** are rounded to bf16 (to nearest, ties to even, as PyTorch and oneDNN do)
+//!   row by row when a task starts, into rows of `kp` values padded with zeros, and the rows to
+//!   a multiple of [`MB`] with zero rows: every tile load reads real memory, and a padded row or
+//!   input adds nothing.
+//! * **Products** run in register blocks of 32 rows × 32 columns: two A tiles and two B tiles
+//!   feed four accumulator tiles, which take all of `k` before they are stored, in f32, once;
+//!   a block of at most 16 rows uses one A tile and two accumulators. The block's sums are then
+//!   added to the bias (and residual) into the output rows, and the row block's task hands its
+//!   rows to the layer's epilogue (GELU, LayerNorm) while they are in its core's cache, exactly
+//!   as the int8 path does ([`RowHooks`]).
+//!
+//! Accuracy: each product of two bf16 values is exact in f32 and the sums are f32, so the only
+//! error is the rounding of the inputs to 8-bit mantissas (relative 2^-9 each): about 2e-3 of a
+//! product's magnitude, the same as oneDNN's and PyTorch's bf16 linear layers.
+//!
+//! # Safety
+//!
+//! All of the crate's AMX code is in this module. The invariants it relies on:
+//!
+//! * **Detection before use.** No tile instruction and no `#[target_feature]` function of this
+//!   module runs without an [`Amx`], which only [`Amx::detect`] makes, and only after CPUID
+//!   reported AMX-TILE, AMX-BF16, AVX-512F and AVX-512BW, the OS enabled the tile state in XCR0
+//!   (bits 17 and 18, read with `xgetbv` after CPUID confirmed OSXSAVE), and Linux granted this
+//!   process the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` returned 0;
+//!   without it the first tile load is a fatal signal). The result is cached for the process:
+//!   the permission is per process and is never withdrawn. Other operating systems get no
+//!   `Amx`.
+//! * **Tile configuration.** Tiles must be configured on each thread before use, and another
+//!   kernel on the same thread (candle's own AMX int8 kernel configures tiles of other shapes)
+//!   may change the configuration in between. Every task therefore loads this module's one
+//!   configuration (`ldtilecfg`, about 60 ns here) before its first tile instruction, on the
+//!   thread that runs it, and nothing else runs on that thread until the task's tile
+//!   instructions are done. The thread-local state is the configuration itself, not a flag that
+//!   could go stale.
+//! * **Tile memory.** Every tile load reads 16 lines of 64 bytes: A tiles at
+//!   `rows[r0 .. r0 + 16]`, `k` block `b`, of the packed activation rows (`kp / 32` lines a row,
+//!   rows padded to a multiple of 32), B tiles inside the packed weight panel; accumulators are
+//!   stored into a 32 × 32 f32 scratch block. [`block`] asserts the extents of the activation
+//!   rows and the weight panel before entering the assembly, so that no load reaches past them.
+//!   The assembly touches no memory but those, no stack, and the registers it names.
+//! * Everything else (packing, adding into the output, parallel tasks) is safe Rust on slices;
+//!   tasks write disjoint output rows through `par_chunks_mut`.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use super::quant::RowHooks;
+
+/// Rows of one A or accumulator tile.
+const TM: usize = 16;
+/// Inputs (`k`) of one tile step: 32 bf16 values fill a 64-byte A-tile row.
+const TK: usize = 32;
+/// Columns of one B or accumulator tile: 16 f32 fill a 64-byte row.
+const TN: usize = 16;
+/// Output columns of a packed weight panel and of a register block: two B tiles.
+pub(crate) const PANEL: usize = 2 * TN;
+/// Rows of a register block: two A tiles.
+pub(crate) const MB: usize = 2 * TM;
+/// 16-bit lines of one tile: 16 rows of 64 bytes.
+const TILE_LINES: usize = 16;
+
+/// 64 bytes of bf16 values (32 of them), aligned as the cache lines tiles are loaded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(64))]
+struct Line([u16; 32]);
+
+const ZERO_LINE: Line = Line([0; 32]);
+
+/// Proof that this process may run the AMX bf16 kernels: made only by [`Amx::detect`] (see the
+/// module's invariants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Amx(());
+
+impl Amx {
+    /// AMX bf16 on this CPU with the tile state granted to this process, or `None`; detected
+    /// and requested once per process.
+    pub(crate) fn detect() -> Option<Amx> {
+        static GRANTED: OnceLock<bool> = OnceLock::new();
+        GRANTED.get_or_init(detect_and_request).then_some(Amx(()))
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect_and_request() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw"))
+    {
+        return false;
+    }
+    // `is_x86_feature_detected!("amx-bf16")` is unstable: CPUID leaf 7, EDX bit 22
+    // (AMX-BF16), 24 (AMX-TILE) and 25 (AMX-INT8, which the tile palette comes with).
+    let amx = (1 << 22) | (1 << 24) | (1 << 25);
+    if __cpuid_count(7, 0).edx & amx != amx {
+        return false;
+    }
+    const OSXSAVE: u32 = 1 << 27;
+    if __cpuid(1).ecx & OSXSAVE == 0 {
+        return false;
+    }
+    let xcr0: u32;
+    // SAFETY: `xgetbv` with ECX = 0 reads XCR0; it exists wherever CPUID reports OSXSAVE,
+    // checked above. It touches no memory.
+    unsafe {
+        std::arch::asm!(
+            "xgetbv",
+            in("ecx") 0u32,
+            out("eax") xcr0,
+            out("edx") _,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    // XTILECFG and XTILEDATA: the OS saves and restores tile state.
+    const XTILE: u32 = (1 << 17) | (1 << 18);
+    if xcr0 & XTILE != XTILE {
+        return false;
+    }
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: u64 = 0x1023;
+    const XFEATURE_XTILEDATA: u64 = 18;
+    let ret: i64;
+    // SAFETY: the arch_prctl system call with these arguments only asks the kernel for the
+    // tile data state for this process; it reads and writes no memory of ours. `syscall`
+    // clobbers RCX and R11, declared here. (The engine has no libc dependency for one call.)
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack)
+        );
+    }
+    if ret != 0 {
+        tracing::debug!(
+            errno = -ret,
+            "the CPU has AMX but the kernel refused the tile state"
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect_and_request() -> bool {
+    false
+}
+
+/// `x` rounded to bf16, to nearest with ties to even; NaN stays NaN (quiet).
+#[inline(always)]
+fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        ((b >> 16) | 0x40) as u16
+    } else {
+        // Adding 0x7FFF plus the lowest kept bit carries into the kept bits exactly when the
+        // dropped half is above one half, or one half with an odd kept part.
+        (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+    }
+}
+
+/// The f32 of a bf16 value (exact).
+#[cfg(test)]
+fn from_bf16(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// A weight matrix `k × n` in bf16, packed into AMX B tiles (see the module's notes).
+#[derive(Debug, Clone)]
+pub(crate) struct Bf16Matrix {
+    k: usize,
+    n: usize,
+    /// `k` rounded up to whole blocks of [`TK`] (at least one).
+    kp: usize,
+    /// `n` rounded up to whole panels.
+    np: usize,
+    /// Panel `p`, block `b`, tile `t`, line `r` at `((p·kp/32 + b)·2 + t)·16 + r`; in that
+    /// line, input `b·32 + 2r + e` of column `p·32 + t·16 + c` at `2c + e`. Zero past `k`, `n`.
+    packed: Vec<Line>,
+}
+
+impl Bf16Matrix {
+    /// Rounds and packs `w_t`, the weights transposed (`k × n`, row-major: row `kk` holds the
+    /// `kk`-th input's weight for every output).
+    pub(crate) fn pack(w_t: &[f32], k: usize, n: usize) -> candle_core::Result<Self> {
+        if w_t.len() != k * n {
+            candle_core::bail!("bf16 weights: {} values for {k}×{n}", w_t.len());
+        }
+        if let Some(bad) = w_t.iter().find(|v| !v.is_finite()) {
+            candle_core::bail!("bf16 weights: a weight is {bad}");
+        }
+        let kp = k.max(1).div_ceil(TK) * TK;
+        let np = n.max(1).div_ceil(PANEL) * PANEL;
+        let blocks = kp / TK;
+        let mut packed = vec![ZERO_LINE; np / PANEL * blocks * 2 * TILE_LINES];
+        for (kk, row) in w_t.chunks_exact(n.max(1)).enumerate().take(k) {
+            let (b, r, e) = (kk / TK, (kk % TK) / 2, kk % 2);
+            for (j, &v) in row.iter().enumerate() {
+                let (p, t, c) = (j / PANEL, (j % PANEL) / TN, j % TN);
+                packed[((p * blocks + b) * 2 + t) * TILE_LINES + r].0[2 * c + e] = to_bf16(v);
+            }
+        }
+        Ok(Self {
+            k,
+            n,
+            kp,
+            np,
+            packed,
+        })
+    }
+
+    /// The lines of panel `p`: every block's two B tiles, in order.
+    fn panel(&self, p: usize) -> &[Line] {
+        let len = self.kp / TK * 2 * TILE_LINES;
+        &self.packed[p * len..(p + 1) * len]
+    }
+
+    /// The rounded weight of input `kk` for output `j`.
+    #[cfg(test)]
+    fn weight(&self, kk: usize, j: usize) -> f32 {
+        let blocks = self.kp / TK;
+        let (b, r, e) = (kk / TK, (kk % TK) / 2, kk % 2);
+        let (p, t, c) = (j / PANEL, (j % PANEL) / TN, j % TN);
+        from_bf16(self.packed[((p * blocks + b) * 2 + t) * TILE_LINES + r].0[2 * c + e])
+    }
+}
+
+/// The tile configuration every kernel here runs with: palette 1, all eight tiles 16 rows of
+/// 64 bytes (tmm0-3 accumulators, tmm4-5 A, tmm6-7 B).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const TILE_CONFIG: TileConfig = {
+    let mut c = [0u8; 64];
+    c[0] = 1; // palette
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
+        c[48 + t] = TM as u8; // rows
+        t += 1;
+    }
+    TileConfig(c)
+};
+
+/// Loads [`TILE_CONFIG`] on this thread.
+fn configure(_: Amx) {
+    // SAFETY: an `Amx` exists only where detection and the permission request succeeded (see
+    // the module's invariants); `ldtilecfg` reads the 64 bytes of a valid palette-1
+    // configuration.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::asm!(
+            "ldtilecfg [{}]",
+            in(reg) &TILE_CONFIG,
+            options(nostack, readonly, preserves_flags)
+        );
+    }
+}
+
+/// Sums of one register block, 32 rows × 32 columns of f32, row-major.
+type Block = [[f32; PANEL]; MB];
+
+/// `c = a (rows r0.., all of k) · panel`, for `mr` rows (at most [`MB`]): 32×32 through four
+/// accumulator tiles, or the first 16 rows only through two when `mr <= 16`.
+///
+/// `a` holds rows of `lines` lines each (the padded `k`), `panel` the weight panel; the tiles
+/// must have been configured on this thread ([`configure`]).
+fn block(_: Amx, a: &[Line], lines: usize, r0: usize, mr: usize, panel: &[Line], c: &mut Block) {
+    // Every load below: A rows r0..r0 + (16 or 32), lines 0..lines of each; B lines
+    // 0..lines·32 of the panel (two tiles of 16 lines per block of k).
+    let tiles = if mr > TM { 2 } else { 1 };
+    assert!(lines > 0 && (r0 + tiles * TM) * lines <= a.len());
+    assert!(panel.len() >= lines * 2 * TILE_LINES);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let a = a[r0 * lines..].as_ptr();
+        let b = panel.as_ptr();
+        let c = c.as_mut_ptr() as *mut f32;
+        let stride = lines * 64;
+        // SAFETY: the extents were asserted above, `c` is 32 rows of 128 bytes (tiles stored at
+        // row 0 or 16, byte 0 or 64), the tiles were configured by the caller, and an `Amx`
+        // exists only where tiles may run. The loop count `lines` is at least 1.
+        unsafe {
+            if tiles == 2 {
+                std::arch::asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    "2:",
+                    "tileloadd tmm4, [{a} + {sa}*1]",
+                    "tileloadd tmm6, [{b} + {sb}*1]",
+                    "tileloadd tmm7, [{b} + {sb}*1 + 1024]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm5, [{a2} + {sa}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "add {a}, 64",
+                    "add {a2}, 64",
+                    "add {b}, 2048",
+                    "dec {n}",
+                    "jnz 2b",
+                    "tilestored [{c} + {sc}*1], tmm0",
+                    "tilestored [{c} + {sc}*1 + 64], tmm1",
+                    "tilestored [{c} + {sc}*1 + 2048], tmm2",
+                    "tilestored [{c} + {sc}*1 + 2112], tmm3",
+                    a = inout(reg) a => _,
+                    a2 = inout(reg) (a as *const u8).add(TM * stride) => _,
+                    b = inout(reg) b => _,
+                    n = inout(reg) lines => _,
+                    sa = in(reg) stride,
+                    sb = in(reg) 64usize,
+                    sc = in(reg) PANEL * 4,
+                    c = in(reg) c,
+                    options(nostack),
+                );
+            } else {
+                std::arch::asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "2:",
+                    "tileloadd tmm4, [{a} + {sa}*1]",
+                    "tileloadd tmm6, [{b} + {sb}*1]",
+                    "tileloadd tmm7, [{b} + {sb}*1 + 1024]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "add {a}, 64",
+                    "add {b}, 2048",
+                    "dec {n}",
+                    "jnz 2b",
+                    "tilestored [{c} + {sc}*1], tmm0",
+                    "tilestored [{c} + {sc}*1 + 64], tmm1",
+                    a = inout(reg) a => _,
+                    b = inout(reg) b => _,
+                    n = inout(reg) lines => _,
+                    sa = in(reg) stride,
+                    sb = in(reg) 64usize,
+                    sc = in(reg) PANEL * 4,
+                    c = in(reg) c,
+                    options(nostack),
+                );
+            }
+        }
+    }
+}
+
+/// Rounds the rows of `x` (`k` wide) into `a`: `kp / 32` lines a row, rows padded with zero
+/// rows to a multiple of [`MB`].
+fn pack_rows(amx: Amx, x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
+    // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        let _ = amx;
+        x86::pack_rows_avx512(x, k, kp, a)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = amx;
+        pack_rows_generic(x, k, kp, a)
+    }
+}
+
+#[inline(always)]
+fn pack_rows_generic(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
+    let rows = x.len() / k;
+    let lines = kp / TK;
+    a.clear();
+    a.resize(rows.div_ceil(MB) * MB * lines, ZERO_LINE);
+    for (src, dst) in x.chunks_exact(k).zip(a.chunks_exact_mut(lines)) {
+        let mut chunks = src.chunks_exact(TK);
+        for (c, l) in (&mut chunks).zip(dst.iter_mut()) {
+            for (o, v) in l.0.iter_mut().zip(c) {
+                *o = to_bf16(*v);
+            }
+        }
+        let tail = chunks.remainder();
+        if !tail.is_empty() {
+            for (o, v) in dst[k / TK].0.iter_mut().zip(tail) {
+                *o = to_bf16(*v);
+            }
+        }
+    }
+}
+
+/// `out[r][..width] = c[r][..width] + bias (+ residual[r])` for `mr` rows of `n` columns.
+#[inline(always)]
+fn store_generic(
+    c: &Block,
+    mr: usize,
+    width: usize,
+    bias: &[f32],
+    res: Option<&[f32]>,
+    out: &mut [f32],
+    n: usize,
+) {
+    for (r, c) in c.iter().enumerate().take(mr) {
+        let o = &mut out[r * n..r * n + width];
+        match res {
+            Some(res) => {
+                let res = &res[r * n..r * n + width];
+                for (((o, c), b), x) in o.iter_mut().zip(c).zip(bias).zip(res) {
+                    *o = c + b + x;
+                }
+            }
+            None => {
+                for ((o, c), b) in o.iter_mut().zip(c).zip(bias) {
+                    *o = c + b;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Line;
+
+    /// [`super::pack_rows_generic`] compiled for AVX-512, where the rounding vectorizes.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512BW must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn pack_rows_avx512(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
+        super::pack_rows_generic(x, k, kp, a)
+    }
+
+    /// [`super::products_generic`] compiled for AVX-512, where adding the sums vectorizes.
+    ///
+    /// # Safety
+    /// AVX-512F must be available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn products_avx512(
+        amx: super::Amx,
+        a: &[Line],
+        w: &super::Bf16Matrix,
+        bias: &[f32],
+        residual: Option<&[f32]>,
+        out: &mut [f32],
+    ) {
+        super::products_generic(amx, a, w, bias, residual, out)
+    }
+}
+
+/// `bias (+ residual) + a · W` into `out` (`rows × n`), for the packed rows `a`; the tiles
+/// must have been configured on this thread.
+#[inline(always)]
+fn products_generic(
+    amx: Amx,
+    a: &[Line],
+    w: &Bf16Matrix,
+    bias: &[f32],
+    residual: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let n = w.n;
+    let rows = out.len() / n;
+    let lines = w.kp / TK;
+    let mut c: Block = [[0.0; PANEL]; MB];
+    // Row blocks outside, panels inside: a block's activations (32 rows of k) stay in L1
+    // while the weights stream from L2.
+    for r0 in (0..rows).step_by(MB) {
+        let mr = MB.min(rows - r0);
+        for p in 0..w.np / PANEL {
+            block(amx, a, lines, r0, mr, w.panel(p), &mut c);
+            let j0 = p * PANEL;
+            let width = PANEL.min(n - j0);
+            let res = residual.map(|r| &r[r0 * n + j0..]);
+            store_generic(&c, mr, width, &bias[j0..], res, &mut out[r0 * n + j0..], n);
+        }
+    }
+}
+
+thread_local! {
+    /// Each worker's packed activation rows, kept between tasks so that a task neither
+    /// allocates nor faults in fresh pages (up to 384 KiB a task).
+    static ROWS: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `bias (+ residual) + x · W` for the rows of `x` (`rows × k`) into `out` (`rows × n`), on
+/// the calling thread.
+fn rows_task(
+    amx: Amx,
+    x: &[f32],
+    w: &Bf16Matrix,
+    bias: &[f32],
+    residual: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    ROWS.with_borrow_mut(|a| {
+        pack_rows(amx, x, w.k, w.kp, a);
+        configure(amx);
+        // SAFETY: an `Amx` exists only where detection found AVX-512F.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            x86::products_avx512(amx, a, w, bias, residual, out)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        products_generic(amx, a, w, bias, residual, out)
+    });
+}
+
+/// `finish(bias + residual + x (m × k) · W)` (`m × n`) row block by row block, in parallel:
+/// each task rounds its own rows of `x` to bf16, multiplies them on AMX and finishes them (see
+/// [`RowHooks`]).
+pub(crate) fn gemm_bf16_rows<F>(
+    amx: Amx,
+    x: &[f32],
+    w: &Bf16Matrix,
+    hooks: &RowHooks<'_, F>,
+) -> Vec<f32>
+where
+    F: Fn(&mut [f32]) + Sync,
+{
+    let (k, n) = (w.k, w.n);
+    assert!(k > 0 && x.len().is_multiple_of(k));
+    let m = x.len() / k;
+    assert!(hooks.bias.len() == n && hooks.residual.is_none_or(|r| r.len() == m * n));
+    let mut out = vec![0f32; m * n];
+    if m == 0 || n == 0 {
+        return out;
+    }
+    // Enough tasks for every thread, each whole register blocks and at most 128 rows (their
+    // bf16 rows, 384 KiB at k = 1,536, stay in L2).
+    let threads = rayon::current_num_threads().max(1);
+    let rows_per_task = (m.div_ceil(4 * threads).div_ceil(MB) * MB).clamp(MB, 128);
+    out.par_chunks_mut(rows_per_task * n)
+        .enumerate()
+        .for_each(|(t, out)| {
+            let first = t * rows_per_task;
+            let rows = out.len() / n;
+            let residual = hooks.residual.map(|r| &r[first * n..(first + rows) * n]);
+            rows_task(
+                amx,
+                &x[first * k..(first + rows) * k],
+                w,
+                hooks.bias,
+                residual,
+                out,
+            );
+            (hooks.finish)(out);
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(seed: u64, len: usize, scale: f32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn amx_or_skip(test: &str) -> Option<Amx> {
+        let amx = Amx::detect();
+        if amx.is_none() {
+            eprintln!("{test}: skipped, this CPU has no AMX bf16 (or the OS refused the tiles)");
+        }
+        amx
+    }
+
+    #[test]
+    fn rounding_to_bf16_is_to_nearest_even() {
+        assert_eq!(to_bf16(1.0), 0x3F80);
+        assert_eq!(to_bf16(-2.0), 0xC000);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: to the even one, 1.
+        assert_eq!(from_bf16(to_bf16(1.0 + 1.0 / 256.0)), 1.0);
+        assert_eq!(from_bf16(to_bf16(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+        assert_eq!(from_bf16(to_bf16(1.0 + 1.5 / 256.0)), 1.0 + 2.0 / 256.0);
+        assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
+        assert!(from_bf16(to_bf16(-f32::NAN)).is_nan());
+        assert_eq!(from_bf16(to_bf16(f32::INFINITY)), f32::INFINITY);
+        assert_eq!(from_bf16(to_bf16(f32::MAX)), f32::INFINITY);
+        assert_eq!(to_bf16(-0.0), 0x8000);
+        for x in values(3, 10_000, 100.0) {
+            let r = from_bf16(to_bf16(x));
+            assert!((r - x).abs() <= x.abs() / 256.0, "{x} -> {r}");
+        }
+    }
+
+    #[test]
+    fn packing_puts_every_weight_where_the_tiles_read_it() {
+        for (k, n) in [(1, 1), (33, 17), (64, 64), (70, 100)] {
+            let w_t = values(k as u64, k * n, 1.0);
+            let m = Bf16Matrix::pack(&w_t, k, n).unwrap();
+            for kk in 0..k {
+                for j in 0..n {
+                    assert_eq!(m.weight(kk, j), from_bf16(to_bf16(w_t[kk * n + j])));
+                }
+            }
+            // Padding is zero.
+            let nonzero = m
+                .packed
+                .iter()
+                .flat_map(|l| l.0)
+                .filter(|&v| v != 0)
+                .count();
+            assert!(nonzero <= k * n);
+        }
+        let err = Bf16Matrix::pack(&[1.0, f32::NAN], 1, 2).unwrap_err();
+        assert!(err.to_string().contains("a weight is NaN"), "{err}");
+        assert!(Bf16Matrix::pack(&[1.0; 3], 2, 2).is_err());
+    }
+
+    /// The kernel against f64 sums of the same bf16-rounded inputs (only the f32 summation
+    /// differs: 1e-6 of the magnitude) and of the f32 inputs (bf16's rounding: 1e-2 bound,
+    /// 2e-3 measured), on the model's widths and on tails of every kind.
+    #[test]
+    fn amx_products_match_the_f32_products() {
+        let Some(amx) = amx_or_skip("amx_products_match_the_f32_products") else {
+            return;
+        };
+        let shapes = [
+            (1, 384, 384),
+            (7, 384, 1536),
+            (33, 1536, 384),
+            (100, 384, 1152),
+            (16, 384, 384),
+            (17, 64, 32),
+            (5, 17, 9),
+            (40, 70, 50),
+            (130, 1, 33),
+        ];
+        for &(m, k, n) in &shapes {
+            let x = values(1 + m as u64, m * k, 1.0);
+            let w_t = values(2 + k as u64, k * n, 1.0 / (k as f32).sqrt());
+            let bias = values(3, n, 1.0);
+            let residual = values(4, m * n, 1.0);
+            let w = Bf16Matrix::pack(&w_t, k, n).unwrap();
+            for res in [None, Some(&residual[..])] {
+                let hooks = RowHooks {
+                    bias: &bias,
+                    residual: res,
+                    finish: |_: &mut [f32]| {},
+                };
+                let got = gemm_bf16_rows(amx, &x, &w, &hooks);
+                let (mut worst_rounded, mut worst_f32) = (0f64, 0f64);
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut rounded, mut size) = (0f64, 0f64, 0f64);
+                        for kk in 0..k {
+                            let (a, b) = (x[i * k + kk], w_t[kk * n + j]);
+                            exact += a as f64 * b as f64;
+                            size += (a as f64 * b as f64).abs();
+                            rounded += from_bf16(to_bf16(a)) as f64 * w.weight(kk, j) as f64;
+                        }
+                        let base = bias[j] as f64 + res.map_or(0.0, |r| r[i * n + j] as f64);
+                        let g = got[i * n + j] as f64;
+                        let scale = 1.0 + size + base.abs();
+                        worst_rounded = worst_rounded.max((g - rounded - base).abs() / scale);
+                        worst_f32 = worst_f32.max((g - exact - base).abs() / scale);
+                    }
+                }
+                assert!(
+                    worst_rounded < 1e-6,
+                    "{m}x{k}x{n}: {worst_rounded:e} from bf16 sums"
+                );
+                assert!(worst_f32 < 1e-2, "{m}x{k}x{n}: {worst_f32:e} from f32 sums");
+            }
+        }
+    }
+
+    /// Each task finishes its own rows, and only after every panel's sums are on them.
+    #[test]
+    fn each_row_is_finished_once_after_its_products() {
+        let Some(amx) = amx_or_skip("each_row_is_finished_once_after_its_products") else {
+            return;
+        };
+        let (m, k, n) = (300, 64, 40);
+        let x = values(5, m * k, 1.0);
+        let w_t = values(6, k * n, 0.1);
+        let w = Bf16Matrix::pack(&w_t, k, n).unwrap();
+        let bias = vec![0.0; n];
+        let plain = gemm_bf16_rows(
+            amx,
+            &x,
+            &w,
+            &RowHooks {
+                bias: &bias,
+                residual: None,
+                finish: |_: &mut [f32]| {},
+            },
+        );
+        let doubled = gemm_bf16_rows(
+            amx,
+            &x,
+            &w,
+            &RowHooks {
+                bias: &bias,
+                residual: None,
+                finish: |rows: &mut [f32]| rows.iter_mut().for_each(|v| *v *= 2.0),
+            },
+        );
+        for (p, d) in plain.iter().zip(&doubled) {
+            assert_eq!(2.0 * p, *d);
+        }
+    }
+}
