@@ -226,7 +226,7 @@ fn evaluate_cases_to(
             .check()
             .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
         if let Some(out) = cases_out.as_deref_mut() {
-            out.write(&case.id, &scored)?;
+            out.write(&case.id, &scored, rule)?;
         }
         cases.push(scored);
         bar.inc(1);
@@ -236,8 +236,9 @@ fn evaluate_cases_to(
     Ok((report, cases))
 }
 
-/// `--cases-out`: one JSON line per case, `{"id", "expected", "ranking": [{"tool", "probability"}, ...]}`, the
-/// candidates in the rank order the metrics use ([`ranking`]: probability descending, ties in catalogue order).
+/// `--cases-out`: one JSON line per case, `{"id", "expected", "passed": [names], "ranking": [{"tool", "probability"},
+/// ...]}`: what the selection rule passes on, and the candidates in the rank order the metrics use ([`ranking`]:
+/// probability descending, ties in catalogue order).
 struct CasesOut {
     path: PathBuf,
     out: BufWriter<File>,
@@ -252,7 +253,7 @@ impl CasesOut {
         })
     }
 
-    fn write(&mut self, id: &Value, case: &ScoredCase) -> anyhow::Result<()> {
+    fn write(&mut self, id: &Value, case: &ScoredCase, rule: Rule) -> anyhow::Result<()> {
         let ranked: Vec<Value> = ranking(&case.candidates)
             .into_iter()
             .map(|i| {
@@ -260,7 +261,12 @@ impl CasesOut {
                 json!({"tool": c.name, "probability": c.probability})
             })
             .collect();
-        let mut line = json!({"id": id, "expected": case.expected, "ranking": ranked});
+        let mut line = json!({
+            "id": id,
+            "expected": case.expected,
+            "passed": case.passed(rule),
+            "ranking": ranked,
+        });
         if let Some(p) = case.needs_tool {
             line["needs_tool"] = json!(p);
         }

@@ -279,6 +279,18 @@ impl Rule {
 }
 
 impl ScoredCase {
+    /// The names of the tools `rule` passes on for this case, those passed without asking included, in
+    /// catalogue order: what the filter would hand the LLM.
+    pub fn passed(&self, rule: Rule) -> Vec<&str> {
+        let order = ranking(&self.candidates);
+        self.candidates
+            .iter()
+            .zip(rule.select(self, &order))
+            .filter(|(c, selected)| *selected || c.passed_without_asking)
+            .map(|(c, _)| c.name.as_str())
+            .collect()
+    }
+
     /// A case from its expected tool names, its candidates in catalogue order, its latency and its scored pairs.
     pub fn new<E, C>(expected: E, candidates: C, latency_ms: f64, pairs: usize) -> Self
     where
