@@ -138,7 +138,14 @@ impl Gateway {
         }
         match first_error {
             Some(error) if started == 0 => Err(error),
-            _ => Ok(Self { upstreams, options }),
+            _ => {
+                for upstream in &upstreams {
+                    if let Some(error) = upstream.down().await {
+                        tracing::warn!(server = %upstream.name, %error, "MCP server did not start; trying again at its next use");
+                    }
+                }
+                Ok(Self { upstreams, options })
+            }
         }
     }
 

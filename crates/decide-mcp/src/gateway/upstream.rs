@@ -107,10 +107,7 @@ impl Upstream {
         let label = name.clone().unwrap_or_else(|| spec.describe());
         let (provider, error) = match connect(&spec, &label, &options).await {
             Ok(provider) => (Some(provider), None),
-            Err(error) => {
-                tracing::warn!(server = %label, %error, "MCP server did not start; trying again at its next use");
-                (None, Some(error))
-            }
+            Err(error) => (None, Some(error)),
         };
         let last_error = error.as_ref().map(ToString::to_string).unwrap_or_default();
         let name = sanitize(&match (&name, &provider) {
