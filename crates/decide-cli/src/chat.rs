@@ -84,22 +84,6 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    // The filter's set: the conformal set of --target-recall (DEFAULT_TARGET_RECALL when the
-    // model has a table and no threshold was asked for), else the probability threshold, through
-    // the model's needs-tool gate when it has a head (as `select` and `/v1/select` decide it).
-    let companion = engine
-        .as_ref()
-        .and_then(|e| e.needs_tool())
-        .map(|h| h.companion_min_probability);
-    let conformal = match (args.target_recall, args.min_probability, &engine) {
-        (Some(r), _, Some(e)) => {
-            Some((r, e.require_conformal().context("--target-recall")?.clone()))
-        }
-        (None, None, Some(e)) if args.filter => e
-            .conformal()
-            .map(|table| (DEFAULT_TARGET_RECALL, table.clone())),
-        _ => None,
-    };
     let decisions: Option<Arc<dyn DecisionModel>> =
         engine.map(|e| Arc::new(e) as Arc<dyn DecisionModel>);
 
@@ -109,21 +93,23 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
         let builder = FilteringToolProvider::builder()
             .tool_provider(Arc::new(StaticToolProvider::new(tools)))
             .decision_model(Arc::clone(decisions));
+        // An agent loses a turn when the tool it needs is held back, where `select` only shows a
+        // choice: so with neither option given, the conformal set of DEFAULT_TARGET_RECALL when the
+        // model has a table (the gate alone holds back a needed tool whose probability is low even
+        // when the conversation plainly asks for one: "What is 19 plus 23? Use your tools.").
+        let target_recall = args.target_recall.or_else(|| {
+            (args.min_probability.is_none() && decisions.selection_hints().conformal.is_some())
+                .then_some(DEFAULT_TARGET_RECALL)
+        });
         let options = FilterOptions {
             min_probability: args.min_probability,
-            target_recall: conformal.as_ref().map(|(r, _)| *r),
+            target_recall,
             ..FilterOptions::default()
         };
-        let table = || {
-            conformal
-                .as_ref()
-                .map(|(_, table)| table)
-                .context("--target-recall")
-        };
         let filter = options
-            .apply(builder, table, companion)?
-            .build()
-            .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
+            .apply(builder)
+            .and_then(|b| b.build())
+            .map_err(crate::select::option_error)?;
         Some(Arc::new(filter))
     } else {
         Some(Arc::new(StaticToolProvider::new(tools)))

@@ -72,14 +72,19 @@ pub fn build_filter_scoring(
     if args.needs_tool_gate == Some(true) && args.target_recall.is_some() {
         bail!("--needs-tool-gate: cannot be combined with --target-recall, whose recall is promised for one threshold")
     }
-    let companion = engine.needs_tool().map(|h| h.companion_min_probability);
-    opts.apply(
-        builder,
-        || engine.require_conformal().context("--target-recall"),
-        companion,
-    )?
-    .build()
-    .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
+    opts.apply(builder)
+        .and_then(|b| b.build())
+        .map_err(option_error)
+}
+
+/// A filter option's error as the command line names the option (`--target-recall: ...`).
+pub fn option_error(error: decide_filter::FilterError) -> anyhow::Error {
+    match error {
+        decide_filter::FilterError::InvalidConfig { option, message } => {
+            anyhow::anyhow!("--{}: {message}", option.replace('_', "-"))
+        }
+        other => other.into(),
+    }
 }
 
 /// The request an agent would make for this conversation: its last user message, with

@@ -86,7 +86,7 @@ pub use listener::{
     ResponseContext,
 };
 pub use mock::MockDecisionModel;
-pub use model::{DecisionFuture, DecisionModel};
+pub use model::{DecisionFuture, DecisionModel, SelectionHints};
 pub use request::{needs_tool_gate, needs_tool_probability};
 pub use request::{
     Candidate, ChoiceOption, ChoiceQuestion, ChoiceQuestionBuilder, DecisionInput, DecisionRequest,

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::conformal::Conformal;
 use crate::error::{DecisionError, Result};
 use crate::listener::{notify_outcome, notify_request, Attributes, DecisionModelListener};
 use crate::request::{DecisionRequest, DecisionRequestParameters};
@@ -57,6 +58,13 @@ pub trait DecisionModel: Send + Sync {
         self.default_request_parameters().model_name
     }
 
+    /// What the model knows of reading its own probabilities when selecting from them (its conformal
+    /// table, its needs-tool gate's companion threshold), so that a consumer such as a tool filter
+    /// learns them from the model it calls rather than from its caller. None by default.
+    fn selection_hints(&self) -> SelectionHints {
+        SelectionHints::default()
+    }
+
     /// Answers `request`: applies the defaults (the request's own parameters win), notifies
     /// `on_request`, runs [`do_decide`](Self::do_decide), [validates](fn@validate) the response, then
     /// notifies `on_response` or `on_error`. Listeners share one attributes map per call.
@@ -107,6 +115,19 @@ pub trait DecisionModel: Send + Sync {
     }
 }
 
+/// A model's own facts about selecting from its probabilities; see
+/// [`DecisionModel::selection_hints`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SelectionHints {
+    /// The table that turns a target recall into a probability threshold, fitted on labelled
+    /// conversations the model never trained on; `None` when the model has none.
+    pub conformal: Option<Conformal>,
+    /// With a needs-tool head, the probability at which further tools pass once the gate is open
+    /// (see [`needs_tool_gate`](crate::needs_tool_gate)); `None` for a model without one, which
+    /// selects with one threshold by default.
+    pub companion_min_probability: Option<f64>,
+}
+
 fn with_defaults<M: DecisionModel + ?Sized>(
     model: &M,
     request: &DecisionRequest,
@@ -150,6 +171,10 @@ macro_rules! forward_decision_model {
 
             fn model_name(&self) -> Option<String> {
                 (**self).model_name()
+            }
+
+            fn selection_hints(&self) -> SelectionHints {
+                (**self).selection_hints()
             }
 
             fn decide(&self, request: &DecisionRequest) -> Result<DecisionResponse> {

@@ -54,12 +54,13 @@ impl FilteringToolProvider {
         tool_provider: Arc<dyn ToolProvider>,
         decision_model: Arc<dyn DecisionModel>,
     ) -> Self {
+        let companion_min_probability = decision_model.selection_hints().companion_min_probability;
         Self {
             tool_provider,
             decision_model,
             min_probability: DEFAULT_MIN_PROBABILITY,
             target_recall: None,
-            companion_min_probability: None,
+            companion_min_probability,
             max_results: None,
             max_messages: DEFAULT_MAX_MESSAGES,
             message_filter: None,
@@ -602,7 +603,7 @@ pub struct FilteringToolProviderBuilder {
     min_probability: Option<f64>,
     /// The target recall and the threshold the table gave for it, checked in `build`.
     target_recall: Option<(f64, Result<f64, InvalidTargetRecall>)>,
-    companion_min_probability: Option<f64>,
+    gate: GateChoice,
     max_results: Option<usize>,
     max_messages: usize,
     message_filter: Option<MessageFilter>,
@@ -614,6 +615,16 @@ pub struct FilteringToolProviderBuilder {
     score_called_tools: bool,
 }
 
+/// Whether the builder's filter gates on whether any tool is needed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum GateChoice {
+    /// As the decision model's selection hints say.
+    ModelDefault,
+    /// On, with this companion threshold.
+    On(f64),
+    Off,
+}
+
 impl Default for FilteringToolProviderBuilder {
     fn default() -> Self {
         Self {
@@ -621,7 +632,7 @@ impl Default for FilteringToolProviderBuilder {
             decision_model: None,
             min_probability: None,
             target_recall: None,
-            companion_min_probability: None,
+            gate: GateChoice::ModelDefault,
             max_results: None,
             max_messages: DEFAULT_MAX_MESSAGES,
             message_filter: None,
@@ -680,9 +691,33 @@ impl FilteringToolProviderBuilder {
     /// still has tools near it. The gate decides the second question on the conversation as a whole, so the
     /// further tools can pass at a lower bar. Cannot be combined with
     /// [`target_recall`](Self::target_recall), whose guarantee is for one threshold.
+    ///
+    /// Unless set, or turned off with [`without_needs_tool_gate`](Self::without_needs_tool_gate), the gate is
+    /// on with the companion threshold of the decision model's
+    /// [`selection_hints`](DecisionModel::selection_hints) when it has one and no target recall is set: every
+    /// front end selects by the same rule by default.
     pub fn needs_tool_gate(mut self, companion_min_probability: f64) -> Self {
-        self.companion_min_probability = Some(companion_min_probability);
+        self.gate = GateChoice::On(companion_min_probability);
         self
+    }
+
+    /// One threshold on each tool's probability, even for a decision model with a needs-tool head.
+    pub fn without_needs_tool_gate(mut self) -> Self {
+        self.gate = GateChoice::Off;
+        self
+    }
+
+    /// The decision model's name, when it has one set.
+    pub(crate) fn model_name(&self) -> Option<String> {
+        self.decision_model.as_ref().and_then(|m| m.model_name())
+    }
+
+    /// The decision model's own facts about selecting (none before one is set).
+    pub(crate) fn hints(&self) -> decide_contract::SelectionHints {
+        self.decision_model
+            .as_ref()
+            .map(|m| m.selection_hints())
+            .unwrap_or_default()
     }
 
     /// Keep at most this many of the tools the model selects, the most probable ones, on top of the tools passed
@@ -783,7 +818,15 @@ impl FilteringToolProviderBuilder {
                 format!("must be between 0 and 1, but was {min_probability}"),
             ));
         }
-        if let Some(companion) = self.companion_min_probability {
+        let companion_min_probability = match self.gate {
+            GateChoice::On(companion) => Some(companion),
+            GateChoice::Off => None,
+            GateChoice::ModelDefault if target_recall.is_none() => {
+                decision_model.selection_hints().companion_min_probability
+            }
+            GateChoice::ModelDefault => None,
+        };
+        if let GateChoice::On(companion) = self.gate {
             if target_recall.is_some() {
                 return Err(FilterError::config(
                     "needs_tool_gate",
@@ -816,7 +859,7 @@ impl FilteringToolProviderBuilder {
             decision_model,
             min_probability,
             target_recall,
-            companion_min_probability: self.companion_min_probability,
+            companion_min_probability,
             max_results: self.max_results,
             max_messages: self.max_messages,
             message_filter: self.message_filter,
@@ -837,7 +880,7 @@ impl fmt::Debug for FilteringToolProviderBuilder {
             .field("decision_model", &self.decision_model.is_some())
             .field("min_probability", &self.min_probability)
             .field("target_recall", &self.target_recall)
-            .field("companion_min_probability", &self.companion_min_probability)
+            .field("gate", &self.gate)
             .field("max_results", &self.max_results)
             .field("max_messages", &self.max_messages)
             .field("message_filter", &self.message_filter.is_some())

@@ -3,7 +3,6 @@
 
 use decide_chat::parse::{conversation, from_slice, from_value, messages_field, tools_field};
 use decide_chat::{ChatMessage, ParseError, ToolProviderRequest, ToolSpecification};
-use decide_contract::Conformal;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -53,37 +52,42 @@ impl FilterOptions {
         }
     }
 
-    /// Sets these options on `builder`. `conformal` gives the decision model's conformal table; it is called only
-    /// when a target recall is set, so that a model without one fails only the requests that need it.
-    /// `companion_min_probability` is the decision model's threshold of the further tools behind its needs-tool
-    /// gate (`None` for a model without a needs-tool head): the gate is on with it unless `needs_tool_gate` is off
-    /// or a target recall is set; turned on for a model without one, further tools pass at `min_probability`, which
-    /// selects what the one-threshold rule does.
-    pub fn apply<'a, E>(
+    /// Sets these options on `builder`, which has its decision model: the conformal table of a target recall and
+    /// the needs-tool gate's companion threshold are the model's own ([`selection_hints`]). `needs_tool_gate`
+    /// unset leaves the builder's default (on for a model with a needs-tool head unless a target recall is set);
+    /// turned on for a model without a head, further tools pass at `min_probability`, which selects what the
+    /// one-threshold rule does.
+    ///
+    /// [`selection_hints`]: decide_contract::DecisionModel::selection_hints
+    pub fn apply(
         &self,
         mut builder: FilteringToolProviderBuilder,
-        conformal: impl FnOnce() -> Result<&'a Conformal, E>,
-        companion_min_probability: Option<f64>,
-    ) -> Result<FilteringToolProviderBuilder, E> {
-        let gate = match self.needs_tool_gate {
-            Some(false) => None,
-            Some(true) => Some(
-                companion_min_probability.unwrap_or(
+    ) -> Result<FilteringToolProviderBuilder, FilterError> {
+        let hints = builder.hints();
+        builder = match self.needs_tool_gate {
+            Some(false) => builder.without_needs_tool_gate(),
+            Some(true) => builder.needs_tool_gate(
+                hints.companion_min_probability.unwrap_or(
                     self.min_probability
                         .unwrap_or(crate::filter::DEFAULT_MIN_PROBABILITY),
                 ),
             ),
-            None if self.target_recall.is_none() => companion_min_probability,
-            None => None,
+            None => builder,
         };
-        if let Some(companion) = gate {
-            builder = builder.needs_tool_gate(companion);
-        }
         if let Some(p) = self.min_probability {
             builder = builder.min_probability(p);
         }
         if let Some(r) = self.target_recall {
-            builder = builder.target_recall(r, conformal()?);
+            let Some(table) = &hints.conformal else {
+                let model = builder
+                    .model_name()
+                    .unwrap_or_else(|| "the decision model".into());
+                return Err(FilterError::config(
+                    "target_recall",
+                    format!("model {model} has no conformal calibration; run decide calibrate on held-out labelled cases to add one"),
+                ));
+            };
+            builder = builder.target_recall(r, table);
         }
         if let Some(k) = self.max_results {
             builder = builder.max_results(k);
@@ -157,6 +161,13 @@ impl SelectRequest {
         let request = provider_request(&messages).ok_or_else(|| {
             ParseError::invalid("messages", "the conversation has no user message")
         })?;
+        // With nothing to decide on, the filter would pass every tool.
+        if request.user_message().text().trim().is_empty() {
+            return Err(ParseError::invalid(
+                "messages",
+                "the last user message is blank",
+            ));
+        }
         let fallback = body
             .fallback
             .map(|f| {
@@ -217,6 +228,104 @@ mod tests {
 
     fn tools() -> Value {
         json!([{"name": "get_weather"}, {"name": "send_email"}])
+    }
+
+    /// A decision model that knows its own selection facts, as decide's engine does.
+    struct Hinted(decide_contract::SelectionHints);
+
+    impl decide_contract::DecisionModel for Hinted {
+        fn do_decide(
+            &self,
+            _: &decide_contract::DecisionRequest,
+        ) -> decide_contract::Result<decide_contract::DecisionResponse> {
+            Err(decide_contract::DecisionError::model(
+                "not asked in these tests",
+            ))
+        }
+
+        fn model_name(&self) -> Option<String> {
+            Some("hinted".into())
+        }
+
+        fn selection_hints(&self) -> decide_contract::SelectionHints {
+            self.0.clone()
+        }
+    }
+
+    fn builder_over(hints: decide_contract::SelectionHints) -> FilteringToolProviderBuilder {
+        crate::FilteringToolProvider::builder()
+            .tool_provider(std::sync::Arc::new(
+                decide_chat::StaticToolProvider::from_specifications(vec![ToolSpecification::new(
+                    "get_weather",
+                )]),
+            ))
+            .decision_model(std::sync::Arc::new(Hinted(hints)))
+    }
+
+    #[test]
+    fn the_filter_learns_the_gate_and_the_conformal_table_from_its_model() {
+        let table = decide_contract::Conformal::from_needed([0.1, 0.3, 0.6, 0.9]).unwrap();
+        let hints = decide_contract::SelectionHints {
+            conformal: Some(table.clone()),
+            companion_min_probability: Some(0.2),
+        };
+        // No option given: the model's gate, at its companion threshold.
+        let filter = FilterOptions::default()
+            .apply(builder_over(hints.clone()))
+            .and_then(|b| b.build())
+            .unwrap();
+        assert_eq!(filter.companion_min_probability(), Some(0.2));
+        // A target recall: the model's table gives the threshold, and the gate steps aside.
+        let options = FilterOptions {
+            target_recall: Some(0.5),
+            ..FilterOptions::default()
+        };
+        let filter = options
+            .apply(builder_over(hints.clone()))
+            .and_then(|b| b.build())
+            .unwrap();
+        assert_eq!(filter.companion_min_probability(), None);
+        assert_eq!(filter.min_probability(), table.threshold(0.5).unwrap());
+        // The gate turned off: one threshold.
+        let options = FilterOptions {
+            needs_tool_gate: Some(false),
+            ..FilterOptions::default()
+        };
+        let filter = options
+            .apply(builder_over(hints))
+            .and_then(|b| b.build())
+            .unwrap();
+        assert_eq!(filter.companion_min_probability(), None);
+    }
+
+    #[test]
+    fn a_target_recall_of_a_model_without_a_table_names_the_option() {
+        let options = FilterOptions {
+            target_recall: Some(0.9),
+            ..FilterOptions::default()
+        };
+        let error = options
+            .apply(builder_over(decide_contract::SelectionHints::default()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("target_recall: model hinted has no conformal calibration"),
+            "{error}"
+        );
+        // And a model without a head selects with one threshold by default.
+        let filter = FilterOptions::default()
+            .apply(builder_over(decide_contract::SelectionHints::default()))
+            .and_then(|b| b.build())
+            .unwrap();
+        assert_eq!(filter.companion_min_probability(), None);
+    }
+
+    #[test]
+    fn a_blank_last_user_message_is_refused() {
+        let body = json!({"messages": [{"role": "user", "content": "rain?"}, {"role": "assistant", "content": "Where?"},
+                                       {"role": "user", "content": "\n"}], "tools": tools()});
+        let error = SelectRequest::from_value(body).unwrap_err().to_string();
+        assert!(error.contains("the last user message is blank"), "{error}");
     }
 
     #[test]

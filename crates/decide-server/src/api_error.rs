@@ -1,8 +1,10 @@
 //! The HTTP error answers, in the shape of each wire format.
 //!
 //! Handlers return `Result<_, ApiError>` (OpenAI's shape, which our own endpoints share) or
-//! `Result<_, SystemOneError>`; `?` turns a parse, model or limit error into the answer, so no
-//! handler spells out status codes or bodies.
+//! `Result<_, SystemOneError>`; `?` turns a parse, engine, model, filter, router or limit error
+//! into the answer, so no handler spells out status codes or bodies. A full queue's `Retry-After`
+//! is a setting the conversions cannot see: [`AppState::error`](crate::AppState::error) fills it
+//! in, and [`blocking`](crate::limits::blocking), where every model call runs, applies it.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,7 +12,9 @@ use axum::Json;
 use decide_chat::ParseError;
 use decide_contract::DecisionError;
 use decide_engine::EngineError;
+use decide_filter::FilterError;
 use decide_http::{openai, systemone, WireError};
+use decide_router::RouterError;
 use serde_json::json;
 
 use crate::batcher::BatchedEngine;
@@ -51,7 +55,9 @@ pub(crate) enum ApiError {
     /// The body did not arrive within the read timeout.
     SlowBody(u64),
     TooLarge(usize),
-    Overloaded(u64),
+    /// Every admission slot or the queue is full: a 503 whose `Retry-After` is these seconds,
+    /// `None` until [`retry_after`](Self::retry_after) gives the server's.
+    Overloaded(Option<u64>),
     Timeout(f64),
     Unprocessable(String),
     Internal(String),
@@ -63,15 +69,11 @@ impl ApiError {
         Self::BadRequest(WireError::new(field, message))
     }
 
-    /// A model error: the caller's mistake is a 400, a full queue a 503, anything else a 500.
-    pub(crate) fn from_decision(error: DecisionError, retry_after: u64) -> Self {
-        if BatchedEngine::is_overloaded(&error) {
-            return Self::Overloaded(retry_after);
-        }
-        match error {
-            DecisionError::InvalidRequest(m) => Self::BadRequest(WireError::body(m)),
-            DecisionError::UnsupportedFeature(m) => Self::Unprocessable(m),
-            other => Self::Internal(other.to_string()),
+    /// This error with `secs` as its `Retry-After`, if it is an overload that has none yet.
+    pub(crate) fn retry_after(self, secs: u64) -> Self {
+        match self {
+            Self::Overloaded(None) => Self::Overloaded(Some(secs)),
+            other => other,
         }
     }
 
@@ -85,15 +87,6 @@ impl ApiError {
             Self::Unauthorized | Self::Forbidden(_) => "Unauthorized",
             Self::Overloaded(_) => "Overloaded",
             Self::Timeout(_) | Self::SlowBody(_) | Self::Internal(_) => "Backend",
-        }
-    }
-
-    /// An engine error outside a decision: asking a model for what its head cannot do (embeddings
-    /// of a cross-encoder) is a 422, anything else a 500.
-    pub(crate) fn from_engine(error: EngineError) -> Self {
-        match error {
-            EngineError::WrongHead { .. } => Self::Unprocessable(error.to_string()),
-            other => Self::Internal(other.to_string()),
         }
     }
 
@@ -163,9 +156,11 @@ impl ApiError {
         };
         let mut response = (status, Json(body)).into_response();
         if let Self::Overloaded(secs) = self {
+            // An overload that missed `retry_after` still tells the client to come back.
+            let value = secs.and_then(|s| HeaderValue::from_str(&s.to_string()).ok());
             response.headers_mut().insert(
                 header::RETRY_AFTER,
-                HeaderValue::from_str(&secs.to_string()).unwrap_or(HeaderValue::from_static("1")),
+                value.unwrap_or(HeaderValue::from_static("1")),
             );
         }
         response
@@ -184,6 +179,55 @@ impl From<ParseError> for ApiError {
         match error {
             ParseError::Invalid { path, message } => Self::bad(path, message),
             other => Self::bad("", other.to_string()),
+        }
+    }
+}
+
+/// A model error: the caller's mistake is a 400, a full queue a 503, anything else a 500.
+impl From<DecisionError> for ApiError {
+    fn from(error: DecisionError) -> Self {
+        if BatchedEngine::is_overloaded(&error) {
+            return Self::Overloaded(None);
+        }
+        match error {
+            DecisionError::InvalidRequest(m) => Self::BadRequest(WireError::body(m)),
+            DecisionError::UnsupportedFeature(m) => Self::Unprocessable(m),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+/// An engine error outside a decision: asking a model for what its head cannot do (embeddings
+/// of a cross-encoder) is a 422, anything else a 500.
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        match error {
+            EngineError::WrongHead { .. } => Self::Unprocessable(error.to_string()),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+/// A filter error: an option out of range is a 400 naming it, the model's error answers as
+/// itself, anything else (the tools could not be listed) a 500.
+impl From<FilterError> for ApiError {
+    fn from(error: FilterError) -> Self {
+        match error {
+            FilterError::InvalidConfig { option, message } => Self::bad(option, message),
+            FilterError::Decision(d) => d.into(),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+/// A router error: an option out of range is a 400 naming it, the model's error answers as
+/// itself, anything else (a route the routes do not have, say) a 500.
+impl From<RouterError> for ApiError {
+    fn from(error: RouterError) -> Self {
+        match error {
+            RouterError::InvalidConfig { option, message } => Self::bad(option, message),
+            RouterError::Decision(d) => d.into(),
+            other => Self::Internal(other.to_string()),
         }
     }
 }
@@ -237,3 +281,44 @@ pub(crate) type SystemOneError = Shaped<SystemOneShape>;
 
 /// An [`ApiError`] answered in text-embeddings-inference's shape.
 pub(crate) type TeiError = Shaped<TeiShape>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Overloaded;
+
+    fn full_queue() -> DecisionError {
+        DecisionError::Model(Box::new(Overloaded))
+    }
+
+    #[test]
+    fn a_full_queue_answers_503_with_the_retry_after_it_is_given() {
+        for error in [
+            ApiError::from(full_queue()),
+            FilterError::Decision(full_queue()).into(),
+            RouterError::Decision(full_queue()).into(),
+        ] {
+            let response = error.retry_after(7).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+        }
+        // Admission knows the setting itself: a later `retry_after` leaves it.
+        let admitted = ApiError::Overloaded(Some(2)).retry_after(7).into_response();
+        assert_eq!(admitted.headers()[header::RETRY_AFTER], "2");
+    }
+
+    #[test]
+    fn config_errors_name_their_option_and_other_errors_are_the_servers() {
+        let bad = ApiError::from(FilterError::InvalidConfig {
+            option: "min_probability",
+            message: "must be in [0, 1]".into(),
+        });
+        assert!(matches!(&bad, ApiError::BadRequest(e) if e.field == "min_probability"));
+        let routed = ApiError::from(RouterError::NoProbabilities);
+        assert!(matches!(routed, ApiError::Internal(_)));
+        let invalid = ApiError::from(RouterError::Decision(DecisionError::InvalidRequest(
+            "no messages".into(),
+        )));
+        assert!(matches!(invalid, ApiError::BadRequest(_)));
+    }
+}

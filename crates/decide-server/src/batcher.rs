@@ -370,4 +370,8 @@ impl DecisionModel for BatchedEngine {
     fn default_request_parameters(&self) -> DecisionRequestParameters {
         self.engine.default_request_parameters()
     }
+
+    fn selection_hints(&self) -> decide_contract::SelectionHints {
+        self.engine.selection_hints()
+    }
 }

@@ -28,13 +28,9 @@ async fn decide(
     state: &AppState,
     request: DecisionRequest,
 ) -> Result<(DecisionRequest, DecisionResponse), ApiError> {
-    let retry = state.inner.config.retry_after_secs;
-    let model = state.inner.model.clone();
+    let model = state.model().clone();
     blocking(state, move || {
-        let response = model
-            .decide(&request)
-            .map_err(|e| ApiError::from_decision(e, retry))?;
-        Ok((request, response))
+        model.decide(&request).map(|response| (request, response))
     })
     .await
 }
@@ -43,7 +39,7 @@ async fn decisions(
     State(state): State<AppState>,
     Body(raw): Body,
 ) -> Result<Json<openai::DecisionsResponse>, ApiError> {
-    let limits = state.inner.config.limits;
+    let limits = state.limits();
     let mut parsed = off_runtime(move || Ok(openai::parse_request(&raw, &limits)?)).await?;
     let response = match parsed.request.take() {
         Some(request) => {
@@ -56,7 +52,7 @@ async fn decisions(
     Ok(Json(openai::render_response(
         &parsed,
         response.as_ref(),
-        &state.inner.model_name,
+        state.model_name(),
     )))
 }
 
@@ -65,7 +61,7 @@ async fn system_one(
     body: Result<Body, ApiError>,
 ) -> Result<Json<systemone::SystemOneResponse>, SystemOneError> {
     let Body(raw) = body?;
-    let limits = state.inner.config.limits;
+    let limits = state.limits();
     let parsed = off_runtime(move || Ok(systemone::parse_request(&raw, &limits)?))
         .await
         .map_err(SystemOneError::from)?;
@@ -73,6 +69,6 @@ async fn system_one(
     Ok(Json(systemone::render_response(
         &request,
         &response,
-        &state.inner.model_name,
+        state.model_name(),
     )))
 }

@@ -89,16 +89,13 @@ async fn embed(
     texts: Vec<(String, String)>,
     truncate: bool,
 ) -> Result<Embedded, ApiError> {
-    let retry = state.inner.config.retry_after_secs;
-    let model = state.inner.model.clone();
+    let model = state.model().clone();
     blocking(state, move || {
         let engine = model.engine();
         let max_length = engine.info().max_length;
         let (paths, texts): (Vec<String>, Vec<String>) = texts.into_iter().unzip();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let staged = engine
-            .stage_embeddings(&refs)
-            .map_err(ApiError::from_engine)?;
+        let staged = engine.stage_embeddings(&refs)?;
         if !truncate {
             if let Some(i) = staged.iter().position(|e| e.truncated) {
                 return Err(ApiError::bad(
@@ -109,9 +106,7 @@ async fn embed(
         }
         let tokens = staged.iter().map(|e| e.row.len()).sum();
         let rows = staged.into_iter().map(|e| e.row).collect();
-        let vectors = model
-            .forward_blocking(rows)
-            .map_err(|e| ApiError::from_decision(e, retry))?;
+        let vectors = model.forward_blocking(rows)?;
         Ok(Embedded { vectors, tokens })
     })
     .await
@@ -184,7 +179,7 @@ async fn openai_embeddings(
     Body(raw): Body,
 ) -> Result<Json<Value>, ApiError> {
     let request: OpenAiRequest = decide_chat::parse::from_slice(&raw)?;
-    check_model(state.inner.model.engine(), request.model.as_deref())?;
+    check_model(state.model().engine(), request.model.as_deref())?;
     let texts = texts("input", request.input)?;
     let embedded = embed(&state, texts, false).await?;
     check_dimensions(request.dimensions, &embedded.vectors)?;
@@ -203,7 +198,7 @@ async fn openai_embeddings(
     Ok(Json(json!({
         "object": "list",
         "data": data,
-        "model": state.inner.model_name,
+        "model": state.model_name(),
         "usage": {"prompt_tokens": embedded.tokens, "total_tokens": embedded.tokens},
     })))
 }

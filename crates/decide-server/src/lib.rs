@@ -70,6 +70,7 @@ mod limits;
 mod metrics;
 mod playground;
 mod rerank;
+mod state;
 mod status;
 mod tasks;
 mod tool_search;
@@ -79,10 +80,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use batcher::{BatchConfig, BatchedEngine, Batcher, Overloaded, Pending};
-use decide_engine::Engine;
 pub use decide_http::Limits;
 pub use error::ServerError;
 pub use metrics::Metrics;
+pub use state::AppState;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -139,87 +140,6 @@ impl Default for ServerConfig {
     }
 }
 
-/// The loaded model, its queue and the settings, shared by every handler.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Shared>,
-}
-
-struct Shared {
-    model: BatchedEngine,
-    /// The cross-encoder `/rerank` and `/v1/rerank` use, behind a queue of its own, when one
-    /// is loaded; otherwise they take the model's cosines.
-    reranker: Option<BatchedEngine>,
-    metrics: Arc<Metrics>,
-    config: ServerConfig,
-    model_name: String,
-    key_digest: Option<[u8; 32]>,
-    /// One per decision in flight: admission ([`limits::admit`]) takes one or answers 503.
-    permits: Arc<Semaphore>,
-    /// The address [`serve`] listens on: its IP is an accepted `Host`.
-    bound: std::sync::OnceLock<std::net::SocketAddr>,
-}
-
-impl AppState {
-    /// Starts the batching queue over `engine`.
-    pub fn new(engine: Engine, config: ServerConfig) -> Result<Self, ServerError> {
-        Self::with_reranker(engine, None, config)
-    }
-
-    /// Starts the batching queue over `engine`, and one over `reranker` (a cross-encoder for
-    /// the rerank endpoints) when there is one.
-    pub fn with_reranker(
-        engine: Engine,
-        reranker: Option<Engine>,
-        config: ServerConfig,
-    ) -> Result<Self, ServerError> {
-        if config
-            .api_key
-            .as_deref()
-            .is_some_and(|k| k.trim().is_empty())
-        {
-            // An empty key must not quietly mean "no authentication".
-            return Err(ServerError::Config("the API key is empty".into()));
-        }
-        let metrics = Arc::new(Metrics::new());
-        let queue = |engine: Engine| -> Result<BatchedEngine, ServerError> {
-            let batcher = Batcher::start(
-                engine.clone(),
-                BatchConfig {
-                    max_batch_tokens: engine.max_batch_tokens(),
-                    max_batch_requests: config.max_batch_requests,
-                    queue_capacity: config.max_concurrent_requests,
-                },
-                metrics.clone(),
-            )?;
-            Ok(BatchedEngine::new(engine, Arc::new(batcher)))
-        };
-        let reranker = reranker.map(&queue).transpose()?;
-        Ok(Self {
-            inner: Arc::new(Shared {
-                model_name: engine.info().name.clone(),
-                model: queue(engine)?,
-                reranker,
-                metrics,
-                key_digest: config.api_key.as_deref().map(guard::digest),
-                permits: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
-                bound: std::sync::OnceLock::new(),
-                config,
-            }),
-        })
-    }
-
-    /// The decision model every endpoint uses: the engine behind the queue.
-    pub fn model(&self) -> &BatchedEngine {
-        &self.inner.model
-    }
-
-    /// The metrics the server records.
-    pub fn metrics(&self) -> &Metrics {
-        &self.inner.metrics
-    }
-}
-
 /// The router of every endpoint, with the body limit and the checks of [`guard`] (host,
 /// origin and CORS, content type, API key) around every route.
 pub fn router(state: AppState) -> axum::Router {
@@ -250,11 +170,8 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let _ = state
-        .inner
-        .bound
-        .set(listener.local_addr().map_err(ServerError::Io)?);
-    let config = state.inner.config.clone();
+    state.set_bound(listener.local_addr().map_err(ServerError::Io)?);
+    let config = state.config().clone();
     let app = router(state);
     let max = config.max_connections.clamp(1, Semaphore::MAX_PERMITS) as u32;
     let connections = Arc::new(Semaphore::new(max as usize));

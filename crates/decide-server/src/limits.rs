@@ -16,7 +16,7 @@ use crate::AppState;
 
 /// The layer that stops reading a body past `max_body_bytes`.
 pub(crate) fn body_limit(state: &AppState) -> DefaultBodyLimit {
-    DefaultBodyLimit::max(state.inner.config.max_body_bytes)
+    DefaultBodyLimit::max(state.config().max_body_bytes)
 }
 
 /// The request body; over the limit, a 413 that names it.
@@ -26,14 +26,14 @@ impl FromRequest<AppState> for Body {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        let limit = state.inner.config.read_timeout;
+        let limit = state.config().read_timeout;
         tokio::time::timeout(limit, Bytes::from_request(request, state))
             .await
             .map_err(|_| ApiError::SlowBody(limit.as_secs()))?
             .map(Body)
             .map_err(|e| {
                 if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::TooLarge(state.inner.config.max_body_bytes)
+                    ApiError::TooLarge(state.config().max_body_bytes)
                 } else {
                     ApiError::bad("", e.body_text())
                 }
@@ -43,15 +43,10 @@ impl FromRequest<AppState> for Body {
 
 /// A slot for one decision, or 503 at once when every slot is taken.
 pub(crate) fn admit(state: &AppState) -> Result<OwnedSemaphorePermit, ApiError> {
-    state
-        .inner
-        .permits
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| {
-            state.inner.metrics.observe_rejected();
-            ApiError::Overloaded(state.inner.config.retry_after_secs)
-        })
+    state.try_permit().ok_or_else(|| {
+        state.metrics().observe_rejected();
+        ApiError::Overloaded(Some(state.retry_after_secs()))
+    })
 }
 
 /// Runs `future` under the request deadline.
@@ -59,7 +54,7 @@ pub(crate) async fn deadline<T>(
     state: &AppState,
     future: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
-    let limit = state.inner.config.request_timeout;
+    let limit = state.config().request_timeout;
     tokio::time::timeout(limit, future)
         .await
         .unwrap_or(Err(ApiError::Timeout(limit.as_secs_f64())))
@@ -86,14 +81,15 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
 }
 
 /// Runs blocking work (the filter or the router, which call the batched engine's blocking path)
-/// on tokio's blocking pool, under the request's deadline and one admission slot.
+/// on tokio's blocking pool, under the request's deadline and one admission slot. Its error
+/// answers as [`AppState::error`] says: a full queue with the server's `Retry-After`.
 ///
 /// The slot goes with the work and is freed when the work really ends, not when the request is
 /// answered; once the deadline passes or the client leaves, the work's rows still queued are
 /// dropped ([`with_cancel`](crate::batcher::with_cancel)), so it ends soon after.
-pub(crate) async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static, E: Into<ApiError> + 'static>(
     state: &AppState,
-    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, ApiError> {
     let permit = admit(state)?;
     let flag = Arc::new(AtomicBool::new(false));
@@ -102,8 +98,9 @@ pub(crate) async fn blocking<T: Send + 'static>(
         state,
         off_runtime(move || {
             let _permit = permit;
-            crate::batcher::with_cancel(flag, work)
+            crate::batcher::with_cancel(flag, work).map_err(Into::into)
         }),
     )
     .await
+    .map_err(|e| state.error(e))
 }

@@ -19,7 +19,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api_error::{ApiError, TeiError};
-use crate::batcher::BatchedEngine;
 use crate::embeddings::{check_model, texts, MAX_INPUTS};
 use crate::limits::{blocking, Body};
 use crate::AppState;
@@ -47,11 +46,6 @@ struct Ranked {
     tokens: usize,
 }
 
-/// The queue of the model that reranks: the cross-encoder when one is loaded, else the model.
-fn scorer(state: &AppState) -> &BatchedEngine {
-    state.inner.reranker.as_ref().unwrap_or(&state.inner.model)
-}
-
 /// Scores `documents` against `query` through the reranking model's queue, under one
 /// admission slot and the request deadline; tokenizing and waiting on the queue run on the
 /// blocking pool and hold the slot until they end ([`blocking`]).
@@ -59,20 +53,13 @@ async fn rank(state: &AppState, query: String, documents: Vec<String>) -> Result
     if query.trim().is_empty() {
         return Err(ApiError::bad("query", "empty text"));
     }
-    let retry = state.inner.config.retry_after_secs;
-    let queue = scorer(state).clone();
+    let queue = state.reranker().clone();
     blocking(state, move || {
         let engine = queue.engine();
         let refs: Vec<&str> = documents.iter().map(String::as_str).collect();
-        let mut staged = engine
-            .stage_scores(&query, &refs)
-            .map_err(ApiError::from_engine)?;
-        let outputs = queue
-            .forward_blocking(staged.take_rows())
-            .map_err(|e| ApiError::from_decision(e, retry))?;
-        let scores = engine
-            .finish_scores(staged, outputs)
-            .map_err(ApiError::from_engine)?;
+        let mut staged = engine.stage_scores(&query, &refs)?;
+        let outputs = queue.forward_blocking(staged.take_rows())?;
+        let scores = engine.finish_scores(staged, outputs)?;
         let calibration = engine.calibration().ok();
         let mut ranks: Vec<Rank> = scores
             .raw
@@ -87,7 +74,7 @@ async fn rank(state: &AppState, query: String, documents: Vec<String>) -> Result
         // Ties keep the documents' order, so that an answer does not depend on the sort.
         ranks.sort_by(|a, b| b.raw.total_cmp(&a.raw).then(a.index.cmp(&b.index)));
         let info = engine.info();
-        Ok(Ranked {
+        Ok::<_, ApiError>(Ranked {
             model: info.name.clone(),
             scored_by: match info.head {
                 HeadName::CrossEncoder => "cross-encoder",
@@ -189,7 +176,7 @@ async fn cohere_rerank(
     Body(raw): Body,
 ) -> Result<Json<Value>, ApiError> {
     let request: CohereRequest = decide_chat::parse::from_slice(&raw)?;
-    check_model(scorer(&state).engine(), request.model.as_deref())?;
+    check_model(state.reranker().engine(), request.model.as_deref())?;
     for (field, given) in [
         ("max_tokens_per_doc", &request.max_tokens_per_doc),
         ("max_chunks_per_doc", &request.max_chunks_per_doc),

@@ -18,7 +18,7 @@ pub(crate) fn router() -> Router<AppState> {
 }
 
 async fn models(State(state): State<AppState>) -> Json<Value> {
-    let info = state.inner.model.engine().info();
+    let info = state.model().engine().info();
     Json(json!({
         "object": "list",
         "data": [{
@@ -35,7 +35,7 @@ async fn models(State(state): State<AppState>) -> Json<Value> {
 }
 
 async fn health(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({"status": "ok", "model": state.inner.model_name}))
+    Json(json!({"status": "ok", "model": state.model_name()}))
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
@@ -44,6 +44,6 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4"),
         )],
-        state.inner.metrics.render(),
+        state.metrics().render(),
     )
 }

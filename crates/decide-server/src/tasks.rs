@@ -11,8 +11,8 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use decide_chat::StaticToolProvider;
-use decide_filter::{FilterError, FilteringToolProvider, SelectRequest};
-use decide_router::{RouteRequest, RouterError};
+use decide_filter::{FilteringToolProvider, SelectRequest};
+use decide_router::RouteRequest;
 use serde_json::{json, Map, Value};
 
 use crate::api_error::ApiError;
@@ -47,7 +47,7 @@ fn parse_bounded(raw: &[u8], field: &str, most: usize) -> Result<Value, ApiError
 /// "fallback"?}`, `needs_tool` saying what the needs-tool gate decided on when it is on.
 /// `target_recall` takes its threshold from the model's conformal table.
 async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Value>, ApiError> {
-    let most = state.inner.config.limits.max_options;
+    let most = state.limits().max_options;
     let request = off_runtime(move || {
         Ok(SelectRequest::from_value(parse_bounded(
             &raw, "tools", most,
@@ -58,41 +58,10 @@ async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<V
         .tool_provider(Arc::new(StaticToolProvider::from_specifications(
             request.tools,
         )))
-        .decision_model(Arc::new(state.inner.model.clone()));
-    let companion = state
-        .inner
-        .model
-        .engine()
-        .needs_tool()
-        .map(|h| h.companion_min_probability);
-    let filter = request
-        .options
-        .apply(
-            builder,
-            || {
-                state
-                    .inner
-                    .model
-                    .engine()
-                    .require_conformal()
-                    .map_err(|e| ApiError::bad("target_recall", e.to_string()))
-            },
-            companion,
-        )?
-        .build()
-        .map_err(|e| match e {
-            FilterError::InvalidConfig { option, message } => ApiError::bad(option, message),
-            other => ApiError::bad("", other.to_string()),
-        })?;
-    let retry = state.inner.config.retry_after_secs;
+        .decision_model(Arc::new(state.model().clone()));
+    let filter = request.options.apply(builder)?.build()?;
     let conversation = request.request;
-    let selection = blocking(&state, move || {
-        filter.select(&conversation).map_err(|e| match e {
-            FilterError::Decision(d) => ApiError::from_decision(d, retry),
-            other => ApiError::Internal(other.to_string()),
-        })
-    })
-    .await?;
+    let selection = blocking(&state, move || filter.select(&conversation)).await?;
     let scores: Vec<Value> = selection
         .decisions
         .iter()
@@ -118,30 +87,16 @@ async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<V
 
 /// `POST /v1/route`: a [`RouteRequest`] → `{"route", "probabilities"}`.
 async fn route(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Value>, ApiError> {
-    let most = state.inner.config.limits.max_options;
+    let most = state.limits().max_options;
     let request = off_runtime(move || {
         Ok(RouteRequest::from_value(parse_bounded(
             &raw, "routes", most,
         )?)?)
     })
     .await?;
-    let router = request
-        .router(Arc::new(state.inner.model.clone()))
-        .map_err(|e| match e {
-            RouterError::InvalidConfig { option, message } => ApiError::bad(option, message),
-            other => ApiError::bad("", other.to_string()),
-        })?;
-    let retry = state.inner.config.retry_after_secs;
+    let router = request.router(Arc::new(state.model().clone()))?;
     let default = request.routes.default_route().to_owned();
-    let decision = blocking(&state, move || {
-        router
-            .decide(&request.routing_request())
-            .map_err(|e| match e {
-                RouterError::Decision(d) => ApiError::from_decision(d, retry),
-                other => ApiError::Internal(other.to_string()),
-            })
-    })
-    .await?;
+    let decision = blocking(&state, move || router.decide(&request.routing_request())).await?;
     let chosen = decision.result.route_name().unwrap_or(&default);
     let probabilities: Map<String, Value> = decision
         .probabilities

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
-use decide_filter::{FilterError, ToolSearchCall};
+use decide_filter::ToolSearchCall;
 use serde_json::Value;
 
 use crate::api_error::ApiError;
@@ -27,7 +27,7 @@ async fn tool_search(
 ) -> Result<Json<Value>, ApiError> {
     let json: Value = decide_chat::parse::from_slice(&raw)?;
     let call = ToolSearchCall::from_value(json)?;
-    let most = state.inner.config.limits.max_options;
+    let most = state.limits().max_options;
     if call.specifications.len() > most {
         return Err(ApiError::bad(
             "tools",
@@ -42,20 +42,10 @@ async fn tool_search(
     if !requested.is_empty() {
         return Ok(Json(call.answer(&requested)));
     }
-    let retry = state.inner.config.retry_after_secs;
-    let model = Arc::new(state.inner.model.clone());
-    let conformal = state.inner.model.engine().conformal().cloned();
+    let model = Arc::new(state.model().clone());
+    let conformal = state.model().engine().conformal().cloned();
     let searched = call.clone();
-    let found = blocking(&state, move || {
-        searched
-            .search(model, conformal.as_ref())
-            .map_err(|e| match e {
-                FilterError::InvalidConfig { option, message } => ApiError::bad(option, message),
-                FilterError::Decision(d) => ApiError::from_decision(d, retry),
-                other => ApiError::Internal(other.to_string()),
-            })
-    })
-    .await?;
+    let found = blocking(&state, move || searched.search(model, conformal.as_ref())).await?;
     let names: Vec<String> = found.into_iter().map(|(name, _)| name).collect();
     Ok(Json(call.answer(&names)))
 }

@@ -849,6 +849,19 @@ async fn select_answers_like_the_filter_over_the_engine() {
     let (status, got) = post(&app, "/v1/select", json!({"messages": [{"role": "user", "content": text}], "tools": tools(), "min_probability": 2})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(got["error"]["param"], "min_probability", "{got}");
+    // As `decide select` refuses it: a blank last user message leaves nothing to decide on.
+    let blank = json!({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"},
+                                    {"role": "user", "content": "  "}], "tools": tools()});
+    let (status, got) = post(&app, "/v1/select", blank).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+    assert_eq!(got["error"]["param"], "messages", "{got}");
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the last user message is blank"),
+        "{got}"
+    );
 }
 
 /// The base model, which has no conformal table.

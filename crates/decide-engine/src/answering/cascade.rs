@@ -176,6 +176,12 @@ impl<M: DecisionModel + ?Sized> DecisionModel for Cascade<M> {
         // The two models apply their own defaults to the requests they get.
         DecisionRequestParameters::default()
     }
+
+    /// The shortlist's: it answers whether any tool is needed, and its calibration is the one
+    /// the command line and the server selected with before the rescorer was added.
+    fn selection_hints(&self) -> decide_contract::SelectionHints {
+        self.shortlist.selection_hints()
+    }
 }
 
 impl Scorer for Cascade<dyn Scorer> {

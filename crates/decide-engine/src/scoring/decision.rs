@@ -5,7 +5,7 @@ use std::path::Path;
 
 use decide_contract::{
     Conformal, DecisionError, DecisionFuture, DecisionInput, DecisionModel, DecisionRequest,
-    DecisionRequestParameters, DecisionResponse,
+    DecisionRequestParameters, DecisionResponse, SelectionHints,
 };
 
 use super::staged::{EncodedRow, StagedScores};
@@ -252,5 +252,12 @@ impl DecisionModel for Engine {
 
     fn default_request_parameters(&self) -> DecisionRequestParameters {
         DecisionRequestParameters::for_model(self.info().name.clone())
+    }
+
+    fn selection_hints(&self) -> SelectionHints {
+        SelectionHints {
+            conformal: self.conformal().cloned(),
+            companion_min_probability: self.needs_tool().map(|h| h.companion_min_probability),
+        }
     }
 }

@@ -1,0 +1,162 @@
+//! What every handler shares: the loaded model behind its queue, the reranker, the settings,
+//! the metrics and the admission slots ([`AppState`]).
+//!
+//! Handlers ask it through methods, never through its fields, so that what is shared and how
+//! (one `Arc`, a key kept only as its digest) can change without touching them.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use decide_engine::Engine;
+use decide_http::Limits;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::api_error::ApiError;
+use crate::batcher::{BatchConfig, BatchedEngine, Batcher};
+use crate::{Metrics, ServerConfig, ServerError};
+
+/// The loaded model, its queue and the settings, shared by every handler.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    model: BatchedEngine,
+    /// The cross-encoder `/rerank` and `/v1/rerank` use, behind a queue of its own, when one
+    /// is loaded; otherwise they take the model's cosines.
+    reranker: Option<BatchedEngine>,
+    metrics: Arc<Metrics>,
+    config: ServerConfig,
+    model_name: String,
+    key_digest: Option<[u8; 32]>,
+    /// One per decision in flight: admission ([`limits::admit`](crate::limits::admit)) takes
+    /// one or answers 503.
+    permits: Arc<Semaphore>,
+    /// The address [`serve`](crate::serve) listens on: its IP is an accepted `Host`.
+    bound: OnceLock<SocketAddr>,
+}
+
+impl AppState {
+    /// Starts the batching queue over `engine`.
+    pub fn new(engine: Engine, config: ServerConfig) -> Result<Self, ServerError> {
+        Self::with_reranker(engine, None, config)
+    }
+
+    /// Starts the batching queue over `engine`, and one over `reranker` (a cross-encoder for
+    /// the rerank endpoints) when there is one.
+    pub fn with_reranker(
+        engine: Engine,
+        reranker: Option<Engine>,
+        config: ServerConfig,
+    ) -> Result<Self, ServerError> {
+        if config
+            .api_key
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty())
+        {
+            // An empty key must not quietly mean "no authentication".
+            return Err(ServerError::Config("the API key is empty".into()));
+        }
+        let metrics = Arc::new(Metrics::new());
+        let queue = |engine: Engine| -> Result<BatchedEngine, ServerError> {
+            let batcher = Batcher::start(
+                engine.clone(),
+                BatchConfig {
+                    max_batch_tokens: engine.max_batch_tokens(),
+                    max_batch_requests: config.max_batch_requests,
+                    queue_capacity: config.max_concurrent_requests,
+                },
+                metrics.clone(),
+            )?;
+            Ok(BatchedEngine::new(engine, Arc::new(batcher)))
+        };
+        let reranker = reranker.map(&queue).transpose()?;
+        Ok(Self {
+            inner: Arc::new(Shared {
+                model_name: engine.info().name.clone(),
+                model: queue(engine)?,
+                reranker,
+                metrics,
+                key_digest: config.api_key.as_deref().map(digest),
+                permits: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
+                bound: OnceLock::new(),
+                config,
+            }),
+        })
+    }
+
+    /// The decision model every endpoint uses: the engine behind the queue.
+    pub fn model(&self) -> &BatchedEngine {
+        &self.inner.model
+    }
+
+    /// The metrics the server records.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The queue of the model that reranks: the cross-encoder when one is loaded, else the
+    /// model.
+    pub(crate) fn reranker(&self) -> &BatchedEngine {
+        self.inner.reranker.as_ref().unwrap_or(&self.inner.model)
+    }
+
+    /// The settings the server was started with.
+    pub(crate) fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    /// Questions and options per request.
+    pub(crate) fn limits(&self) -> Limits {
+        self.inner.config.limits
+    }
+
+    /// The loaded model's name, as the answers report it.
+    pub(crate) fn model_name(&self) -> &str {
+        &self.inner.model_name
+    }
+
+    /// The `Retry-After` of a 503, in seconds.
+    pub(crate) fn retry_after_secs(&self) -> u64 {
+        self.inner.config.retry_after_secs
+    }
+
+    /// `error` as this server answers it: an overload gets the configured `Retry-After`, which
+    /// the conversions into [`ApiError`] cannot know.
+    pub(crate) fn error(&self, error: impl Into<ApiError>) -> ApiError {
+        error.into().retry_after(self.retry_after_secs())
+    }
+
+    /// A slot for one decision, or `None` when every slot is taken.
+    pub(crate) fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.inner.permits.clone().try_acquire_owned().ok()
+    }
+
+    /// Whether a request that sent `given` as its bearer key may pass: always without a
+    /// configured key.
+    pub(crate) fn key_accepted(&self, given: Option<&str>) -> bool {
+        let Some(expected) = &self.inner.key_digest else {
+            return true;
+        };
+        given.is_some_and(|given| bool::from(digest(given).ct_eq(expected)))
+    }
+
+    /// The address the server listens on, once [`serve`](crate::serve) has bound it.
+    pub(crate) fn bound(&self) -> Option<SocketAddr> {
+        self.inner.bound.get().copied()
+    }
+
+    /// Records the address the server listens on; the first one set stays.
+    pub(crate) fn set_bound(&self, address: SocketAddr) {
+        let _ = self.inner.bound.set(address);
+    }
+}
+
+/// Keys are compared over their SHA-256, so that neither their bytes nor their length leak
+/// through the time a comparison takes.
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
