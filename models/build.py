@@ -243,19 +243,22 @@ def pack_f16(values, n, what):
         raise BuildError(f"{what}: a value is out of float16 range") from None
 
 
-def f16_difference(t, b, what):
-    """F16(t - b) as bytes: each difference taken in float64 (Python floats) from the two
-    tensors' values and rounded once to float16, to nearest even."""
-    return pack_f16(map(operator.sub, t.floats(what), b.floats(what)), t.count, what)
+def f16_difference(t, b, what, scale_by=1.0):
+    """F16(scale_by * (t - b)) as bytes: each difference taken in float64 (Python floats) from the
+    two tensors' values and rounded once to float16, to nearest even."""
+    diff = map(operator.sub, t.floats(what), b.floats(what))
+    if scale_by != 1.0:
+        diff = [scale_by * d for d in diff]
+    return pack_f16(diff, t.count, what)
 
 
-def int8_difference(t, b, what):
+def int8_difference(t, b, what, scale_by=1.0):
     """(I8 bytes, F32 scale bytes) of t - b: each row of the last dimension scaled by its largest
     |difference| / 127, rounded once to float32, and each difference divided by its row's scale,
     rounded to nearest even and clamped to [-127, 127]. A row without change has scale 0."""
     cols = t.shape[-1]
     rows = t.count // cols if cols else 0
-    diff = list(map(operator.sub, t.floats(what), b.floats(what)))
+    diff = [scale_by * d for d in map(operator.sub, t.floats(what), b.floats(what))]
     values = []
     scales = []
     for r in range(rows):
@@ -312,6 +315,10 @@ def human(size):
 
 
 def extract(args):
+    if args.scale != 1.0 and not args.int8:
+        raise BuildError("extract: --scale needs --int8")
+    if not 0.0 < args.scale <= 1.0:
+        raise BuildError(f"extract: --scale {args.scale}: expected a number in (0, 1]")
     base_path = os.path.join(args.base, "model.safetensors")
     trained_path = os.path.join(args.trained, "model.safetensors")
     base = by_bare_name(read_safetensors(base_path)[0], base_path)
@@ -335,13 +342,13 @@ def extract(args):
             if args.int8 and len(t.shape) >= 2 and t.count:
                 if "," in name:
                     raise BuildError(f"{what}: its name has a comma, which the delta's list of int8 tensors cannot hold")
-                data, scales = int8_difference(t, b, what)
+                data, scales = int8_difference(t, b, what, args.scale)
                 dtype = "I8"
                 delta[name + SCALE_SUFFIX] = Tensor("F32", [math.prod(t.shape[:-1])], scales)
                 int8.append(name)
                 note = "changed: the difference from the base, int8 rows"
             else:
-                data = f16_difference(t, b, what)
+                data = f16_difference(t, b, what, args.scale)
                 dtype = "F16"
                 note = "changed: the difference from the base"
         else:
@@ -475,6 +482,9 @@ def main(argv=None):
     p.add_argument("--base", required=True, help="the base model's folder")
     p.add_argument("--trained", required=True, help="the trained model's folder")
     p.add_argument("--out", required=True, help="the delta safetensors file to write")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="scale the int8 differences: the delta of base + SCALE * (trained - base), an average "
+                        "of the two models' weights (1: the trained model itself)")
     p.add_argument("--int8", action="store_true",
                    help="store changed matrices as int8 rows with a scale each (half the size)")
     p = sub.add_parser("assemble", help="build a model folder from a base and a delta")

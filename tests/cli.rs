@@ -1634,8 +1634,8 @@ fn bench_refuses_bad_grids() {
     let o = decide(&["bench", "--kernels", "amx"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("expected auto, avx2, avx-vnni, portable or stock"));
-    let o = decide(&["bench", "--precision", "bf16"]);
-    assert_one_line_error(&o, "bf16 is not available on the cpu");
+    let o = decide(&["bench", "--precision", "f16"]);
+    assert_one_line_error(&o, "f16 is not available on the cpu");
 }
 
 #[test]

@@ -85,7 +85,9 @@ def last_user_words(case: dict) -> frozenset:
 
 def held_back_words(inputs: Inputs, args) -> list[frozenset]:
     """The last user messages no `--mcp` case may copy: every report part's and `--held-back`'s."""
-    paths = sorted(glob.glob(os.path.join(args.eval_data, "*", "report.jsonl"))) + args.held_back
+    paths = sorted(glob.glob(os.path.join(args.eval_data, "*", "report.jsonl")))
+    # Report parts of several catalogues (registry/) name each catalogue's part X.report.jsonl.
+    paths += sorted(glob.glob(os.path.join(args.eval_data, "*", "*.report.jsonl"))) + args.held_back
     return [last_user_words(c) for n, path in enumerate(paths) for c in inputs.cases(path, f"held-back{n}")]
 
 
