@@ -32,8 +32,12 @@
 //!    needs any tool at all ([`YesNoQuestion::needs_tool`](decide_contract::YesNoQuestion::needs_tool)), and the
 //!    rule is two-step: nothing passes unless [`needs_tool_probability`](decide_contract::needs_tool_probability)
 //!    of that answer and the best candidate's probability reaches `min_probability`; then the best candidate passes,
-//!    and every candidate reaching the lower `companion_min_probability`. The result keeps the wrapped provider's
-//!    order, which keeps the LLM provider's prompt cache warm when the selection does not change.
+//!    and every candidate reaching the lower `companion_min_probability`. The gate is on by default when the
+//!    decision model says it has a needs-tool head
+//!    ([`selection_hints`](decide_contract::DecisionModel::selection_hints)) and no target recall is set, so
+//!    the builder selects as `decide select` and `/v1/select` do; the model also gives the conformal table a
+//!    [`FilterOptions`] target recall reads. The result keeps the wrapped provider's order, which keeps the LLM
+//!    provider's prompt cache warm when the selection does not change.
 //! 6. If the model fails, or refuses to answer a question, the [`Fallback`] applies: by default every tool is passed
 //!    on and a warning is logged; [`Fallback::NoTools`] passes on only the tools of step 3, and [`Fallback::Fail`]
 //!    returns the model's error.
