@@ -22,9 +22,17 @@ docs/architecture.md is checked against the code too:
 
 Usage: scripts/check-layers.py [--root DIR] (DIR stands for the repository root, for the tests).
 """
+import importlib.util as _importlib_util
 import re
 import sys
 from pathlib import Path
+
+# The group-import parser is the module-cycle check's own, so both read `use` lines alike.
+_spec = _importlib_util.spec_from_file_location(
+    "check_module_cycles", Path(__file__).resolve().parent / "check-module-cycles.py")
+_cycles = _importlib_util.module_from_spec(_spec)
+_spec.loader.exec_module(_cycles)
+group_heads = _cycles.group_heads
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_SRC = Path("crates/decide-engine/src")
@@ -130,27 +138,6 @@ def module_path(src: Path, file: Path):
     if parts[-1] in ("mod", "lib", "main"):
         parts = parts[:-1]
     return tuple(parts)
-
-
-def group_heads(text, start):
-    """The first segment of each path inside the `{...}` group opening at `start`."""
-    depth, item, heads = 0, "", []
-    for ch in text[start:]:
-        if ch == "{":
-            depth += 1
-            if depth == 1:
-                continue
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                heads.append(item)
-                break
-        if depth == 1 and ch == ",":
-            heads.append(item)
-            item = ""
-        elif depth >= 1:
-            item += ch
-    return [h.strip().split("::")[0].strip() for h in heads if h.strip()]
 
 
 def segments(s):
