@@ -552,6 +552,30 @@ fn mcp_options_are_checked_with_a_one_line_error() {
         assert!(stderr.contains(needle), "{stderr:?} lacks {needle:?}");
     };
     check(run(&[]), "--mcp: no upstream server");
+    check(
+        run(&[
+            "--mcp",
+            "node x.js",
+            "--http",
+            "127.0.0.1:0",
+            "--api-key",
+            " ",
+        ]),
+        "--api-key (or DECIDE_API_KEY): empty",
+    );
+    // An exported key is `decide serve`'s or the HTTP gateway's: the stdio gateway starts all the same
+    // (and fails here only on its missing server).
+    let exported = Command::new(env!("CARGO_BIN_EXE_decide"))
+        .current_dir(root())
+        .args(["mcp", "--mcp", "/nonexistent/mcp-server"])
+        .env("DECIDE_API_KEY", "s3cret")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    check(
+        exported,
+        "MCP server /nonexistent/mcp-server: cannot connect",
+    );
     let config = dir.join("bad.json");
     std::fs::write(&config, r#"{"mcpServers": {"x": {"comand": "node"}}}"#).unwrap();
     check(

@@ -526,13 +526,9 @@ pub struct McpArgs {
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     pub http: Option<String>,
-    /// With --http: require `Authorization: Bearer KEY`.
-    #[arg(
-        long,
-        env = "DECIDE_API_KEY",
-        hide_env_values = true,
-        requires = "http"
-    )]
+    /// With --http: require `Authorization: Bearer KEY` (over stdio the client that starts the
+    /// gateway is trusted, and an exported DECIDE_API_KEY is not read).
+    #[arg(long, env = "DECIDE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// What tools/list holds: `search` (search_tools and call_tool) or `found` (search_tools and every tool found
     /// so far in the session, announced with notifications/tools/list_changed).

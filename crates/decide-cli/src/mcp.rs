@@ -14,6 +14,12 @@ use decide_mcp::{Gateway, GatewayOptions, McpOptions, ServerSpec, ServersConfig}
 use crate::args::{Global, McpArgs};
 
 pub fn run(global: &Global, args: McpArgs) -> anyhow::Result<()> {
+    // As `decide serve` reads it: an empty key is a mistake, not a wish for no auth.
+    if args.http.is_some() && args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!(
+            "--api-key (or DECIDE_API_KEY): empty; leave it out to serve without a key on loopback"
+        );
+    }
     let mut servers: Vec<(Option<String>, ServerSpec)> = Vec::new();
     if let Some(path) = &args.config {
         let config = ServersConfig::read(path).map_err(anyhow::Error::msg)?;
@@ -83,7 +89,7 @@ pub fn run(global: &Global, args: McpArgs) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("--http {addr}"))?;
                 let local = listener.local_addr()?;
-                let api_key = args.api_key.clone().filter(|k| !k.is_empty());
+                let api_key = args.api_key.clone();
                 if !local.ip().is_loopback() && api_key.is_none() {
                     eprintln!(
                         "warning: listening on {local} without --api-key: anyone who can reach it can call every upstream tool"

@@ -276,6 +276,12 @@ impl Gateway {
     }
 }
 
+/// The key of an `Authorization: Bearer KEY` value, the scheme in any case (RFC 9110), as `decide serve` reads it.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, key) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+}
+
 /// The search as a conversation: the recent calls (each an assistant tool call and its result), then the query as
 /// the user's message, which is what the decision model was trained to read.
 fn conversation(query: &str, recent: &[RecentCall]) -> Vec<ChatMessage> {
@@ -360,10 +366,10 @@ pub async fn serve_http(
                             .headers()
                             .get(axum::http::header::AUTHORIZATION)
                             .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.strip_prefix("Bearer "))
+                            .and_then(bearer)
                             .is_some_and(|given| {
                                 use subtle::ConstantTimeEq;
-                                bool::from(key_digest(given.trim()).ct_eq(expected))
+                                bool::from(key_digest(given).ct_eq(expected))
                             }),
                     };
                     async move {
@@ -389,4 +395,18 @@ pub async fn serve_http(
 fn key_digest(key: &str) -> [u8; 32] {
     use sha2::Digest;
     sha2::Sha256::digest(key.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        assert_eq!(bearer("Bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer("bearer s3cret "), Some("s3cret"));
+        assert_eq!(bearer("BEARER s3cret"), Some("s3cret"));
+        assert_eq!(bearer("Basic czNjcmV0"), None);
+        assert_eq!(bearer("Bearer"), None);
+    }
 }
