@@ -385,3 +385,52 @@ fn training_to_a_dotted_name_keeps_the_users_files_beside_it() {
         ]
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_training_with_the_shells_code_for_sigint() {
+    let t = TempDir::new("sigint");
+    let tools = t.file("tools.json", TOOLS);
+    let train = [
+        case("t1", "will it rain tomorrow in Oslo", &["weather"]),
+        case("t2", "write to Anna about the invoice", &["email"]),
+    ]
+    .concat();
+    let data = t.file("train.jsonl", &train);
+    let out = t.path("model");
+    let fixture = fixture();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_decide"))
+        .current_dir(root())
+        .args([
+            "train", "--base", &fixture, "--data", &data, "--tools", &tools,
+        ])
+        .args(["--out", &out, "--epochs", "100000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Past loading, into the epochs: the interruption is the handler's, not the default one.
+    use std::io::{BufRead, Read};
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("training a ") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "decide train ended before training"
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let stderr = rest;
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("error: interrupted in epoch"), "{stderr}");
+}

@@ -51,7 +51,12 @@ fn main() -> ExitCode {
                 line.push_str(&cause.to_string());
             }
             eprintln!("error: {}", line.replace('\n', " "));
-            ExitCode::from(2)
+            // Stopped by Ctrl-C: the shell's code for SIGINT, so a script can tell it from a failure.
+            if err.downcast_ref::<train::Interrupted>().is_some() {
+                ExitCode::from(130)
+            } else {
+                ExitCode::from(2)
+            }
         }
     }
 }

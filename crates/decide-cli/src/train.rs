@@ -104,6 +104,18 @@ impl Seen {
     }
 }
 
+/// Training stopped by Ctrl-C, with what was kept; the command exits 130 with it.
+#[derive(Debug)]
+pub struct Interrupted(String);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 /// The case with only the `k` tools `base` ranks most probable: what a reranker sees.
 fn shortlist(
     base: &Decider,
@@ -471,13 +483,14 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         if !complete {
             bar.finish_and_clear();
             let _ = std::fs::remove_dir_all(&scratch);
-            match saved_epoch {
-                Some(e) => bail!(
+            return Err(Interrupted(match saved_epoch {
+                Some(e) => format!(
                     "interrupted in epoch {epoch}: {} holds epoch {e}, the last complete checkpoint, and loads with --model",
                     args.out.display()
                 ),
-                None => bail!("interrupted in epoch {epoch}, before any epoch completed: nothing was written"),
-            }
+                None => format!("interrupted in epoch {epoch}, before any epoch completed: nothing was written"),
+            })
+            .into());
         }
         training_time += epoch_started.elapsed();
         let loss = loss_sum / steps.max(1) as f64;
