@@ -1409,10 +1409,16 @@ mod tests {
         (diff / base.max(1e-30)).sqrt()
     }
 
-    #[test]
-    fn int8_linear_with_each_epilogue_is_close_to_f32() {
+    /// `format`'s products against f32's, with each epilogue, at every instruction-set level:
+    /// within `rms_bound` of the output's size and `max_bound` anywhere.
+    fn close_to_f32(
+        format: LinearFormat,
+        shapes: &[(usize, usize, usize)],
+        rms_bound: f32,
+        max_bound: f32,
+    ) {
         for isa in levels() {
-            for &(m, k, n) in &SHAPES {
+            for &(m, k, n) in shapes {
                 let w = (randn(&[n, k]) * (1.0 / (k as f64).sqrt())).unwrap();
                 let linear = Linear::new(w, Some(randn(&[n])));
                 let x = randn(&[1, m, k]);
@@ -1431,18 +1437,22 @@ mod tests {
                         }
                         .unwrap()
                     };
-                    let want = run(LinearFormat::F32);
-                    let got = run(LinearFormat::Int8);
-                    // Two 8-bit roundings (weights per column, inputs per row) of near-normal
-                    // values: about 1% of the output, never a gross error anywhere.
+                    let (got, want) = (run(format), run(LinearFormat::F32));
                     let (rms, max) = (rms_err(&got, &want), max_err(&got, &want));
                     assert!(
-                        rms < 0.03 && max < 0.15,
-                        "{isa:?} int8 {m}x{k}x{n} {epilogue:?}: rms {rms}, max {max}"
+                        rms < rms_bound && max < max_bound,
+                        "{isa:?} {format:?} {m}x{k}x{n} {epilogue:?}: rms {rms}, max {max}"
                     );
                 }
             }
         }
+    }
+
+    #[test]
+    fn int8_linear_with_each_epilogue_is_close_to_f32() {
+        // Two 8-bit roundings (weights per column, inputs per row) of near-normal values: about
+        // 1% of the output, never a gross error anywhere.
+        close_to_f32(LinearFormat::Int8, &SHAPES, 0.03, 0.15);
     }
 
     #[test]
@@ -1456,7 +1466,9 @@ mod tests {
             assert!(err.contains("needs AMX"), "{err}");
             return;
         }
-        // The model's widths with m = 1, 7, 33, 100 rows, and tails of k and n.
+        // The model's widths with m = 1, 7, 33, 100 rows, and tails of k and n. Inputs and
+        // weights rounded to 8-bit mantissas (2^-9 relative each), summed in f32: about 3e-3 of
+        // the output, 1e-2 at most anywhere.
         let shapes = [
             (1, 384, 1152),
             (7, 384, 1536),
@@ -1465,38 +1477,7 @@ mod tests {
             (17, 33, 19),
             (3, 5, 7),
         ];
-        for isa in levels() {
-            for &(m, k, n) in &shapes {
-                let w = (randn(&[n, k]) * (1.0 / (k as f64).sqrt())).unwrap();
-                let linear = Linear::new(w, Some(randn(&[n])));
-                let x = randn(&[1, m, k]);
-                let residual = randn(&[1, m, n]);
-                let (_, p) = norm(n);
-                for epilogue in [
-                    Epilogue::None,
-                    Epilogue::Activation(Activation::Gelu),
-                    Epilogue::ResidualNorm(p),
-                ] {
-                    let run = |format| {
-                        let op = FusedLinear::new(&linear, epilogue.clone(), isa, format).unwrap();
-                        match epilogue {
-                            Epilogue::ResidualNorm(_) => x.apply_op2_no_bwd(&residual, &op),
-                            _ => x.apply_op1_no_bwd(&op),
-                        }
-                        .unwrap()
-                    };
-                    let want = run(LinearFormat::F32);
-                    let got = run(LinearFormat::Bf16);
-                    // Inputs and weights rounded to 8-bit mantissas (2^-9 relative each),
-                    // summed in f32: about 3e-3 of the output, 1e-2 at most anywhere.
-                    let (rms, max) = (rms_err(&got, &want), max_err(&got, &want));
-                    assert!(
-                        rms < 1e-2 && max < 2e-2,
-                        "{isa:?} bf16 {m}x{k}x{n} {epilogue:?}: rms {rms}, max {max}"
-                    );
-                }
-            }
-        }
+        close_to_f32(LinearFormat::Bf16, &shapes, 1e-2, 2e-2);
     }
 
     #[test]
