@@ -205,22 +205,28 @@ fn check_int8_classifier(dir: &str) {
         assert_eq!(int8.info().dtype, "int8");
         let got = int8.classify_pairs(&pairs).unwrap();
         assert_eq!(got.len(), want.len());
-        let mut max_diff = 0f32;
-        for (g, w) in got.iter().zip(&want) {
-            for (g, w) in g.iter().zip(w) {
-                let diff = (g - w).abs();
-                max_diff = max_diff.max(diff);
-                assert!(diff <= 0.06, "{dir} {name}: logit {g} vs f32 {w}");
-            }
-            let top = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
-            let mut sorted = w.clone();
-            sorted.sort_by(|a, b| b.total_cmp(a));
-            if sorted.len() > 1 && sorted[0] - sorted[1] > 0.1 {
-                assert_eq!(top(g), top(w), "{dir} {name}: {g:?} vs f32 {w:?}");
-            }
-        }
-        eprintln!("{dir} {name}: max |logit difference| {max_diff:.2e}");
+        logits_close(&format!("{dir} {name}"), &got, &want, 0.06, 0.1);
     }
+}
+
+/// Each logit of `got` within `bound` of f32's `want`, and the same top label wherever f32's best
+/// leads its second by more than `margin`.
+fn logits_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], bound: f32, margin: f32) {
+    let mut max_diff = 0f32;
+    for (g, w) in got.iter().zip(want) {
+        for (g, w) in g.iter().zip(w) {
+            let diff = (g - w).abs();
+            max_diff = max_diff.max(diff);
+            assert!(diff <= bound, "{what}: logit {g} vs f32 {w}");
+        }
+        let top = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+        let mut sorted = w.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted.len() > 1 && sorted[0] - sorted[1] > margin {
+            assert_eq!(top(g), top(w), "{what}: {g:?} vs f32 {w:?}");
+        }
+    }
+    eprintln!("{what}: max |logit difference| {max_diff:.2e}");
 }
 
 #[test]
@@ -324,21 +330,7 @@ fn bf16_classifiers_stay_close_to_f32() {
         assert!(name.ends_with("-bf16-amx"), "{name}");
         assert_eq!(bf16.info().dtype, "bf16");
         let got = bf16.classify_pairs(&pairs).unwrap();
-        let mut max_diff = 0f32;
-        for (g, w) in got.iter().zip(&want) {
-            for (g, w) in g.iter().zip(w) {
-                let diff = (g - w).abs();
-                max_diff = max_diff.max(diff);
-                assert!(diff <= 0.02, "{dir} {name}: logit {g} vs f32 {w}");
-            }
-            let top = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
-            let mut sorted = w.clone();
-            sorted.sort_by(|a, b| b.total_cmp(a));
-            if sorted.len() > 1 && sorted[0] - sorted[1] > 0.05 {
-                assert_eq!(top(g), top(w), "{dir} {name}: {g:?} vs f32 {w:?}");
-            }
-        }
-        eprintln!("{dir} {name}: max |logit difference| {max_diff:.2e}");
+        logits_close(&format!("{dir} {name}"), &got, &want, 0.02, 0.05);
     }
 }
 
