@@ -236,6 +236,42 @@ fn int8_classifiers_stay_close_to_f32() {
     }
 }
 
+/// `engine`'s embeddings of `texts` at cosine `min_cosine` or more with f32's `want`, and each
+/// text alone embedded as in its batch: the activations are rounded per row, so no other row
+/// changes a row's numbers.
+fn embeddings_close(
+    engine: &Engine,
+    name: &str,
+    texts: &[&str],
+    want: &[Vec<f32>],
+    min_cosine: f64,
+) {
+    let got = engine.embed(texts).unwrap();
+    let (mut worst, mut total) = (1f64, 0f64);
+    for ((g, w), text) in got.iter().zip(want).zip(texts) {
+        let c = cosine(g, w);
+        worst = worst.min(c);
+        total += 1.0 - c;
+        assert!(
+            c >= min_cosine,
+            "{name}: cosine {c} with f32 for {text:.40}"
+        );
+    }
+    eprintln!(
+        "{name}: lowest cosine with f32 {worst:.5}, mean 1 - cosine {:.2e}",
+        total / texts.len() as f64
+    );
+    for (text, batched) in texts.iter().zip(&got) {
+        let alone = engine.embed(&[text]).unwrap().remove(0);
+        let diff = alone
+            .iter()
+            .zip(batched)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff <= 1e-6, "{name}: {text:.40} alone differs by {diff}");
+    }
+}
+
 #[test]
 fn int8_minilm_embeddings_stay_close_to_f32_and_batches_change_nothing() {
     let texts = embedding_texts();
@@ -244,31 +280,9 @@ fn int8_minilm_embeddings_stay_close_to_f32_and_batches_change_nothing() {
     for kernels in INT8 {
         let int8 = load_in("all-MiniLM-L6-v2", kernels, Precision::Int8);
         let name = bench::kernels(&int8);
-        let got = int8.embed(&refs).unwrap();
-        let (mut worst, mut total) = (1f64, 0f64);
-        for ((g, w), text) in got.iter().zip(&want).zip(&texts) {
-            let c = cosine(g, w);
-            worst = worst.min(c);
-            total += 1.0 - c;
-            // Measured: 0.9992 at the lowest, 4e-4 from f32 on average, with the layers smoothed
-            // and quantized in groups of 128 inputs (0.9962 and 1.4e-3 with one scale a row).
-            assert!(c >= 0.998, "{name}: cosine {c} with f32 for {text:.40}");
-        }
-        eprintln!(
-            "{name}: lowest cosine with f32 {worst:.5}, mean 1 - cosine {:.2e}",
-            total / texts.len() as f64
-        );
-        // Each row alone gives the same vector as in the batch: the activations are quantized
-        // per row, so no other row changes a row's integers.
-        for (text, batched) in refs.iter().zip(&got) {
-            let alone = int8.embed(&[text]).unwrap().remove(0);
-            let diff = alone
-                .iter()
-                .zip(batched)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(diff <= 1e-6, "{name}: {text:.40} alone differs by {diff}");
-        }
+        // Measured: 0.9992 at the lowest, 4e-4 from f32 on average, with the layers smoothed and
+        // quantized in groups of 128 inputs (0.9962 and 1.4e-3 with one scale a row).
+        embeddings_close(&int8, &name, &refs, &want, 0.998);
     }
     // The stock kernels have no int8 path: an error, not a silent f32 model.
     let built = Engine::builder()
@@ -348,27 +362,7 @@ fn bf16_models_stay_close_to_f32() {
     let want = minilm_stock().embed(&refs).unwrap();
     let bf16 = load_in("all-MiniLM-L6-v2", CpuKernels::Auto, Precision::Bf16);
     let name = bench::kernels(&bf16);
-    let got = bf16.embed(&refs).unwrap();
-    let (mut worst, mut total) = (1f64, 0f64);
-    for ((g, w), text) in got.iter().zip(&want).zip(&texts) {
-        let c = cosine(g, w);
-        worst = worst.min(c);
-        total += 1.0 - c;
-        assert!(c >= 0.999, "{name}: cosine {c} with f32 for {text:.40}");
-    }
-    eprintln!(
-        "MiniLM {name}: lowest cosine with f32 {worst:.5}, mean 1 - cosine {:.2e}",
-        total / texts.len() as f64
-    );
-    for (text, batched) in refs.iter().zip(&got) {
-        let alone = bf16.embed(&[text]).unwrap().remove(0);
-        let diff = alone
-            .iter()
-            .zip(batched)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(diff <= 1e-6, "{name}: {text:.40} alone differs by {diff}");
-    }
+    embeddings_close(&bf16, &format!("MiniLM {name}"), &refs, &want, 0.999);
 
     let tools = [
         "get_forecast: Get the weather forecast for a location",
