@@ -48,15 +48,8 @@ fn reference(dir: &str) -> Value {
 }
 
 fn check_classifier(dir: &str) {
-    let model = fixtures().join(dir);
-    let model = model.to_str().unwrap();
-    let r = reference(dir);
-    let pairs: Vec<(String, String)> = r["pairs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()))
-        .collect();
+    let (model, pairs) = classifier_fixture(dir);
+    let model = model.as_str();
     let refs: Vec<(&str, &str)> = pairs
         .iter()
         .map(|(a, b)| (a.as_str(), b.as_str()))
@@ -181,19 +174,33 @@ fn concurrent_fused_passes_finish_and_match_one_at_a_time() {
     });
 }
 
+/// A tiny classifier fixture's folder and its reference (query, document) pairs.
+fn classifier_fixture(dir: &str) -> (String, Vec<(String, String)>) {
+    let model = fixtures().join(dir).to_str().unwrap().to_owned();
+    let pairs = reference(dir)["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_str().unwrap().to_owned(),
+                p[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    (model, pairs)
+}
+
 /// int8 against f32 on the tiny classifiers (random weights, hidden size 32, logits within ±1):
 /// every logit within 0.06 of f32's (0.035 at most measured: with 32 inputs per product the
 /// 8-bit rounding averages out less than in a real model), and the same label wherever f32's
 /// margin is wider than 0.1.
 fn check_int8_classifier(dir: &str) {
-    let model = fixtures().join(dir);
-    let model = model.to_str().unwrap();
-    let r = reference(dir);
-    let pairs: Vec<(&str, &str)> = r["pairs"]
-        .as_array()
-        .unwrap()
+    let (model, pairs) = classifier_fixture(dir);
+    let model = model.as_str();
+    let pairs: Vec<(&str, &str)> = pairs
         .iter()
-        .map(|p| (p[0].as_str().unwrap(), p[1].as_str().unwrap()))
+        .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
     let want = load(model, CpuKernels::Auto)
         .classify_pairs(&pairs)
@@ -327,14 +334,11 @@ fn bf16_classifiers_stay_close_to_f32() {
         return;
     }
     for dir in ["tiny-bert-1", "tiny-bert-3", "tiny-xlmr-1", "tiny-xlmr-3"] {
-        let model = fixtures().join(dir);
-        let model = model.to_str().unwrap();
-        let r = reference(dir);
-        let pairs: Vec<(&str, &str)> = r["pairs"]
-            .as_array()
-            .unwrap()
+        let (model, pairs) = classifier_fixture(dir);
+        let model = model.as_str();
+        let pairs: Vec<(&str, &str)> = pairs
             .iter()
-            .map(|p| (p[0].as_str().unwrap(), p[1].as_str().unwrap()))
+            .map(|(a, b)| (a.as_str(), b.as_str()))
             .collect();
         let want = load(model, CpuKernels::Auto)
             .classify_pairs(&pairs)

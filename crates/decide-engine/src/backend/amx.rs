@@ -528,9 +528,7 @@ where
     F: Fn(&mut [f32]) + Sync,
 {
     let (k, n) = (w.k, w.n);
-    assert!(k > 0 && x.len().is_multiple_of(k));
-    let m = x.len() / k;
-    assert!(hooks.bias.len() == n && hooks.residual.is_none_or(|r| r.len() == m * n));
+    let m = hooks.rows(x, k, n);
     let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
         return out;

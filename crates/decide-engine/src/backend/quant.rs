@@ -1206,6 +1206,17 @@ pub(crate) struct RowHooks<'a, F> {
     pub finish: F,
 }
 
+impl<F> RowHooks<'_, F> {
+    /// The number of rows of `x` (`k` wide) for a product of `n` outputs, after checking that
+    /// `x`, the bias and the residual have the shapes that product needs.
+    pub(crate) fn rows(&self, x: &[f32], k: usize, n: usize) -> usize {
+        assert!(k > 0 && x.len().is_multiple_of(k));
+        let m = x.len() / k;
+        assert!(self.bias.len() == n && self.residual.is_none_or(|r| r.len() == m * n));
+        m
+    }
+}
+
 /// Sets each row of `out` (rows of `bias.len()`) to `bias`, plus its row of `residual` if any:
 /// what the groups' products are then added onto.
 fn start_rows(isa: QuantIsa, out: &mut [MaybeUninit<f32>], bias: &[f32], residual: Option<&[f32]>) {
@@ -1259,9 +1270,7 @@ where
     F: Fn(&mut [f32]) + Sync,
 {
     let (k, n) = (w.k, w.n);
-    assert!(k > 0 && x.len().is_multiple_of(k));
-    let m = x.len() / k;
-    assert!(hooks.bias.len() == n && hooks.residual.is_none_or(|r| r.len() == m * n));
+    let m = hooks.rows(x, k, n);
     let mut out: Vec<f32> = Vec::with_capacity(m * n);
     if m == 0 || n == 0 {
         return out;
