@@ -36,6 +36,7 @@
 //! (an alias of the one loaded model, or an error) is the server's decision.
 #![deny(missing_docs)]
 
+mod auth;
 #[cfg(feature = "client")]
 mod client;
 mod json;
@@ -46,6 +47,7 @@ mod tests;
 
 use std::fmt;
 
+pub use auth::ApiKey;
 #[cfg(feature = "client")]
 pub use client::{ClientError, HttpDecisionModel, HttpDecisionModelBuilder, WireFormat};
 use decide_contract::{DecisionInput, Question};

@@ -8,9 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use decide_engine::Engine;
-use decide_http::Limits;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use decide_http::{ApiKey, Limits};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api_error::ApiError;
@@ -31,7 +29,7 @@ struct Shared {
     metrics: Arc<Metrics>,
     config: ServerConfig,
     model_name: String,
-    key_digest: Option<[u8; 32]>,
+    key: Option<ApiKey>,
     /// One per decision in flight: admission ([`limits::admit`](crate::limits::admit)) takes
     /// one or answers 503.
     permits: Arc<Semaphore>,
@@ -80,7 +78,7 @@ impl AppState {
                 model: queue(engine)?,
                 reranker,
                 metrics,
-                key_digest: config.api_key.as_deref().map(digest),
+                key: config.api_key.as_deref().map(ApiKey::new),
                 permits: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
                 bound: OnceLock::new(),
                 config,
@@ -135,13 +133,13 @@ impl AppState {
         self.inner.permits.clone().try_acquire_owned().ok()
     }
 
-    /// Whether a request that sent `given` as its bearer key may pass: always without a
-    /// configured key.
-    pub(crate) fn key_accepted(&self, given: Option<&str>) -> bool {
-        let Some(expected) = &self.inner.key_digest else {
-            return true;
-        };
-        given.is_some_and(|given| bool::from(digest(given).ct_eq(expected)))
+    /// Whether a request whose `Authorization` header is `authorization` may pass: always
+    /// without a configured key.
+    pub(crate) fn key_accepted(&self, authorization: Option<&str>) -> bool {
+        self.inner
+            .key
+            .as_ref()
+            .is_none_or(|key| key.accepts(authorization))
     }
 
     /// The address the server listens on, once [`serve`](crate::serve) has bound it.
@@ -153,10 +151,4 @@ impl AppState {
     pub(crate) fn set_bound(&self, address: SocketAddr) {
         let _ = self.inner.bound.set(address);
     }
-}
-
-/// Keys are compared over their SHA-256, so that neither their bytes nor their length leak
-/// through the time a comparison takes.
-fn digest(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
 }

@@ -117,16 +117,10 @@ impl Gateway {
         options: GatewayOptions,
     ) -> Result<Self, McpError> {
         let mut upstreams: Vec<Upstream> = Vec::new();
-        let mut first_error = None;
-        let mut started = 0;
+        // Each failed start with its upstream's name; what to do with them depends on whether any started.
+        let mut failed = Vec::new();
         for (name, spec) in servers {
             let (mut upstream, error) = Upstream::start(name, spec, options.mcp.clone()).await;
-            match error {
-                None => started += 1,
-                Some(error) => {
-                    first_error.get_or_insert(error);
-                }
-            }
             // Two servers of one name still need distinct prefixes.
             let base = upstream.name.clone();
             let mut n = 1;
@@ -134,19 +128,18 @@ impl Gateway {
                 n += 1;
                 upstream.name = format!("{base}_{n}");
             }
+            if let Some(error) = error {
+                failed.push((upstream.name.clone(), error));
+            }
             upstreams.push(upstream);
         }
-        match first_error {
-            Some(error) if started == 0 => Err(error),
-            _ => {
-                for upstream in &upstreams {
-                    if let Some(error) = upstream.down().await {
-                        tracing::warn!(server = %upstream.name, %error, "MCP server did not start; trying again at its next use");
-                    }
-                }
-                Ok(Self { upstreams, options })
-            }
+        if !failed.is_empty() && failed.len() == upstreams.len() {
+            return Err(failed.swap_remove(0).1);
         }
+        for (server, error) in &failed {
+            tracing::warn!(%server, %error, "MCP server did not start; trying again at its next use");
+        }
+        Ok(Self { upstreams, options })
     }
 
     /// The upstreams that are down, each with why, for a search's answer to name.
@@ -276,12 +269,6 @@ impl Gateway {
     }
 }
 
-/// The key of an `Authorization: Bearer KEY` value, the scheme in any case (RFC 9110), as `decide serve` reads it.
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, key) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
-}
-
 /// The search as a conversation: the recent calls (each an assistant tool call and its result), then the query as
 /// the user's message, which is what the decision model was trained to read.
 fn conversation(query: &str, recent: &[RecentCall]) -> Vec<ChatMessage> {
@@ -354,24 +341,21 @@ pub async fn serve_http(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let digest = api_key.as_deref().map(key_digest);
+    let key = api_key.as_deref().map(decide_http::ApiKey::new);
     let router =
         axum::Router::new()
             .nest_service("/mcp", service)
             .layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let authorized = match &digest {
-                        None => true,
-                        Some(expected) => request
-                            .headers()
-                            .get(axum::http::header::AUTHORIZATION)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(bearer)
-                            .is_some_and(|given| {
-                                use subtle::ConstantTimeEq;
-                                bool::from(key_digest(given).ct_eq(expected))
-                            }),
-                    };
+                    // As `decide serve` reads it: the bearer scheme in any case, compared over digests.
+                    let authorized = key.as_ref().is_none_or(|key| {
+                        key.accepts(
+                            request
+                                .headers()
+                                .get(axum::http::header::AUTHORIZATION)
+                                .and_then(|v| v.to_str().ok()),
+                        )
+                    });
                     async move {
                         if authorized {
                             next.run(request).await
@@ -388,25 +372,4 @@ pub async fn serve_http(
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| e.to_string())
-}
-
-/// Keys are compared over their SHA-256, so that neither their bytes nor their length leak through the time a
-/// comparison takes.
-fn key_digest(key: &str) -> [u8; 32] {
-    use sha2::Digest;
-    sha2::Sha256::digest(key.as_bytes()).into()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bearer;
-
-    #[test]
-    fn the_bearer_scheme_is_read_in_any_case() {
-        assert_eq!(bearer("Bearer s3cret"), Some("s3cret"));
-        assert_eq!(bearer("bearer s3cret "), Some("s3cret"));
-        assert_eq!(bearer("BEARER s3cret"), Some("s3cret"));
-        assert_eq!(bearer("Basic czNjcmV0"), None);
-        assert_eq!(bearer("Bearer"), None);
-    }
 }
