@@ -63,7 +63,12 @@ impl FilterOptions {
         &self,
         mut builder: FilteringToolProviderBuilder,
     ) -> Result<FilteringToolProviderBuilder, FilterError> {
-        let hints = builder.hints();
+        // Only an option that needs them asks the model here; the default gate is `build`'s to find.
+        let hints = if self.needs_tool_gate == Some(true) || self.target_recall.is_some() {
+            builder.hints()
+        } else {
+            decide_contract::SelectionHints::default()
+        };
         builder = match self.needs_tool_gate {
             Some(false) => builder.without_needs_tool_gate(),
             Some(true) => builder.needs_tool_gate(
