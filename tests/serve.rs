@@ -964,3 +964,172 @@ fn memory_returns_near_idle_after_a_burst_of_large_requests() {
     let (status, rest) = server.stop();
     assert!(status.success(), "{status}: {rest}");
 }
+
+/// `decide select` and `decide route` against `POST /v1/select` and `/v1/route` of one server:
+/// the same inputs get the same answers, and the same bad inputs the same errors (the command
+/// line names its file first, the server the field in `error.param`).
+#[test]
+fn the_command_line_and_the_server_answer_and_refuse_alike() {
+    let dir = common::TempDir::new("alike");
+    let tools = serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "send_email", "description": "Send an email",
+            "parameters": {"type": "object", "properties": {"to": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "create_invoice", "description": "Bill a customer"}}
+    ]);
+    let routes = serde_json::json!([
+        {"name": "small", "description": "Greetings and small talk"},
+        {"name": "code", "description": "Writing and fixing program code"}
+    ]);
+    let user = |text: &str| serde_json::json!([{"role": "user", "content": text}]);
+    let tools_file = dir.file("tools.json", tools.to_string());
+    let routes_file = dir.file(
+        "routes.json",
+        serde_json::json!({"default": "small", "routes": routes}).to_string(),
+    );
+    let mut server = Server::start(&[]);
+
+    // The same answers.
+    let messages = user("Is it raining in Lisbon right now?");
+    let file = dir.file("good.json", messages.to_string());
+    let cli = common::decide(&[
+        "select",
+        "--tools",
+        &tools_file,
+        "--messages",
+        &file,
+        "--json",
+    ]);
+    assert!(cli.status.success(), "{}", common::stderr(&cli));
+    let (status, body) = http(
+        &server.base,
+        "POST",
+        "/v1/select",
+        &serde_json::json!({"messages": messages, "tools": tools}).to_string(),
+    );
+    assert!(status.contains("200"), "{status} {body}");
+    let (cli, served): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&common::stdout(&cli)).unwrap(),
+        serde_json::from_str(&body).unwrap(),
+    );
+    let names = |v: &serde_json::Value| {
+        v["selected"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&cli), names(&served));
+    assert_eq!(names(&cli), [serde_json::json!("get_weather")]);
+    for (a, b) in cli["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(served["scores"].as_array().unwrap())
+    {
+        assert_eq!(a["name"], b["name"]);
+        assert_eq!(a["reason"], b["reason"]);
+        let (a, b) = (
+            a["probability"].as_f64().unwrap(),
+            b["probability"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() < 1e-5, "{a} against {b}");
+    }
+    assert_eq!(cli["needs_tool"]["open"], served["needs_tool"]["open"]);
+    let messages = user("Fix this Rust borrow checker error in my parser");
+    let file = dir.file("route.json", messages.to_string());
+    let cli = common::decide(&[
+        "route",
+        "--routes",
+        &routes_file,
+        "--messages",
+        &file,
+        "--json",
+    ]);
+    assert!(cli.status.success(), "{}", common::stderr(&cli));
+    let (status, body) = http(
+        &server.base,
+        "POST",
+        "/v1/route",
+        &serde_json::json!({"messages": messages, "routes": routes, "default": "small"})
+            .to_string(),
+    );
+    assert!(status.contains("200"), "{status} {body}");
+    let (cli, served): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&common::stdout(&cli)).unwrap(),
+        serde_json::from_str(&body).unwrap(),
+    );
+    assert_eq!(cli["route"], "code");
+    assert_eq!(cli["route"], served["route"]);
+
+    // The same refusals.
+    let bad: [(&str, serde_json::Value); 3] = [
+        (
+            "blank",
+            serde_json::json!([{"role": "user", "content": "  "}]),
+        ),
+        (
+            "assistant-only",
+            serde_json::json!([{"role": "assistant", "content": "How can I help?"}]),
+        ),
+        (
+            "blank-after-history",
+            serde_json::json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": ""}]),
+        ),
+    ];
+    for (name, messages) in bad {
+        let file = dir.file(&format!("{name}.json"), messages.to_string());
+        let cli = common::decide(&["select", "--tools", &tools_file, "--messages", &file]);
+        let (status, body) = http(
+            &server.base,
+            "POST",
+            "/v1/select",
+            &serde_json::json!({"messages": messages, "tools": tools}).to_string(),
+        );
+        assert!(status.contains("400"), "{name}: {status} {body}");
+        let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let message = served["error"]["message"].as_str().unwrap();
+        common::assert_one_line_error(&cli, &format!("{file}: {message}"));
+        assert_eq!(served["error"]["param"], "messages", "{name}: {body}");
+    }
+    let (status, body) = http(
+        &server.base,
+        "POST",
+        "/v1/select",
+        &serde_json::json!({"text": "hi", "tools": tools, "always_include": ["get_wether"]})
+            .to_string(),
+    );
+    assert!(status.contains("400"), "{status} {body}");
+    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let message = served["error"]["message"].as_str().unwrap();
+    let detail = message.trim_start_matches("always_include: ");
+    let cli = common::decide(&[
+        "select",
+        "--tools",
+        &tools_file,
+        "--always-include",
+        "get_wether",
+        "hi",
+    ]);
+    common::assert_one_line_error(&cli, &format!("--always-include: {detail}"));
+    let unnamed = serde_json::json!([{"description": "Greetings"}]);
+    let file = dir.file(
+        "unnamed.json",
+        serde_json::json!({"default": "small", "routes": unnamed}).to_string(),
+    );
+    let (status, body) = http(
+        &server.base,
+        "POST",
+        "/v1/route",
+        &serde_json::json!({"text": "hi", "routes": unnamed, "default": "small"}).to_string(),
+    );
+    assert!(status.contains("400"), "{status} {body}");
+    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let message = served["error"]["message"].as_str().unwrap();
+    let cli = common::decide(&["route", "--routes", &file, "hi"]);
+    common::assert_one_line_error(&cli, &format!("{file}: {message}"));
+    let (status, _) = server.stop();
+    assert!(status.success());
+}

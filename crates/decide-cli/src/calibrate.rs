@@ -7,16 +7,14 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use decide_chat::ToolSpecification;
 use decide_contract::ConformalSource;
 use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest, NeedsTool, Scoring};
 use decide_eval::Reliability;
 
 use crate::args::{CalibrateArgs, CasesArgs, FilterArgs, Global};
 use crate::decider::Decider;
-use crate::input::{Case, Cases};
-use crate::score::progress;
-use crate::select::{build_filter, provider_request};
+use crate::filtering::{build_filter, case_pairs, progress, provider_request};
+use crate::input::Cases;
 
 /// The (data, catalogue) pairs of `data` and `tools`: no catalogue, one for all files, or one
 /// per file; catalogues without data are an error. `flags` names the two options in errors.
@@ -54,34 +52,6 @@ fn describe(input: &CasesArgs) -> String {
         Some(t) => format!("{} with {}", input.data.display(), t.display()),
         None => input.data.display().to_string(),
     }
-}
-
-/// The raw score of every tool of `case` and whether it is in `expected`, in catalogue order,
-/// from the requests the filter would send, so a fit sees exactly the scores decisions are made
-/// on. `at` names the case in errors.
-pub fn case_pairs(
-    model: &Decider,
-    case: &Case,
-    expected: &[String],
-    filter: &FilterArgs,
-    at: &str,
-) -> anyhow::Result<Vec<(f64, bool)>> {
-    let provider = build_filter(model, case.tools.clone(), filter)?;
-    let request = provider_request(&case.messages).with_context(|| at.to_string())?;
-    let Some(input) = provider.decision_input(&request) else {
-        bail!("{at}: the user message has no text");
-    };
-    let tools: Vec<&ToolSpecification> = case.tools.iter().collect();
-    let mut raw = Vec::with_capacity(tools.len());
-    for decision in provider.decision_requests(&input, &tools)? {
-        raw.extend(model.yes_no_scores(&decision)?.into_iter().map(|(_, s)| s));
-    }
-    Ok(case
-        .tools
-        .iter()
-        .zip(raw)
-        .map(|(tool, s)| (s, expected.contains(&tool.name)))
-        .collect())
 }
 
 fn log_loss(scores: &[f64], labels: &[bool], cal: Calibration) -> f64 {

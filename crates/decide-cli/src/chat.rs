@@ -19,7 +19,7 @@ use decide_mcp::{McpOptions, McpToolProvider};
 use decide_router::{DecisionModelChatModelRouter, RoutingChatModel, ROUTE_ATTRIBUTE};
 
 use crate::args::{ChatArgs, Global};
-use crate::route::read_routes;
+use crate::input::read_routes;
 
 /// `--filter`'s share of needed tools kept when neither --target-recall nor --min-probability
 /// is given and the model has a conformal table.
@@ -109,7 +109,7 @@ pub fn run(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
         let filter = options
             .apply(builder)
             .and_then(|b| b.build())
-            .map_err(crate::select::option_error)?;
+            .map_err(crate::filtering::option_error)?;
         Some(Arc::new(filter))
     } else {
         Some(Arc::new(StaticToolProvider::new(tools)))

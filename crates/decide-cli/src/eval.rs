@@ -18,9 +18,8 @@ use serde_json::{json, Value};
 
 use crate::args::{CasesArgs, EvalArgs, FilterArgs, Global};
 use crate::decider::Decider;
+use crate::filtering::{build_filter_scoring, progress, select};
 use crate::input::Cases;
-use crate::score::progress;
-use crate::select::{build_filter_scoring, select};
 
 pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     // The selected set is measured at the threshold alone; recall@k already says what keeping only the k most
@@ -194,15 +193,15 @@ fn evaluate_cases_to(
             },
             None => Rule::Threshold(provider.min_probability()),
         };
-        let (selection, scores) = select(&provider, &case.messages).with_context(at)?;
+        let selection = select(&provider, &case.messages).with_context(at)?;
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         // A fallback passes tools without probabilities: measuring it would score the fallback, not the model.
         if let Some(f) = &selection.fallback {
             bail!("{}: the decision model failed: {}", at(), f.reason);
         }
-        let mut candidates = Vec::with_capacity(scores.len());
+        let mut candidates = Vec::with_capacity(selection.decisions.len());
         let mut pairs = 0;
-        for s in &scores {
+        for s in &selection.decisions {
             let passed = s.reason.is_without_asking();
             let probability = match (s.probability, passed) {
                 (Some(p), _) => {

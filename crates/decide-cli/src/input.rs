@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use decide_chat::{parse_messages, parse_tools, ChatMessage, ParseError, ToolSpecification};
+use decide_router::RoutesSpec;
 use serde_json::Value;
 
 /// Reads a file as UTF-8 text.
@@ -51,6 +52,11 @@ pub fn read_tools(path: &Path) -> anyhow::Result<Vec<ToolSpecification>> {
         bail!("{}: no tools", path.display());
     }
     Ok(tools)
+}
+
+/// Reads a routes file; every error names the file and the JSON path, e.g. `routes.json: routes[2].name: missing`.
+pub fn read_routes(path: &Path) -> anyhow::Result<RoutesSpec> {
+    RoutesSpec::from_value(read_json(path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// Reads a conversation in the OpenAI chat format.

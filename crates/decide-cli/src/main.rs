@@ -7,6 +7,7 @@ mod calibrate;
 mod chat;
 mod decider;
 mod eval;
+mod filtering;
 mod input;
 mod mcp;
 mod models;

@@ -4,22 +4,14 @@
 //! reports every route's probability.
 
 use std::io::Write;
-use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context};
-use decide_chat::ChatRequest;
-use decide_router::{RouteDecision, RouteReason, RouteRequest, RoutesSpec};
-use serde_json::{Map, Value};
+use decide_router::{RouteDecision, RouteReason, RouteRequest};
 
 use crate::args::{Global, RouteArgs};
-use crate::input::{read_conversation, read_json};
-use crate::select::printable;
-
-/// Reads a routes file; every error names the file and the JSON path, e.g. `routes.json: routes[2].name: missing`.
-pub fn read_routes(path: &Path) -> anyhow::Result<RoutesSpec> {
-    RoutesSpec::from_value(read_json(path)?).map_err(|e| anyhow!("{}: {e}", path.display()))
-}
+use crate::filtering::printable;
+use crate::input::{read_conversation, read_routes};
 
 /// Why the route was taken, for the table; `None` when the model chose it.
 fn reason_note(decision: &RouteDecision, min_probability: Option<f64>) -> Option<String> {
@@ -38,14 +30,13 @@ fn reason_note(decision: &RouteDecision, min_probability: Option<f64>) -> Option
 pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
     let routes = read_routes(&args.routes)?;
     let (messages, source) = read_conversation(args.messages.as_deref(), args.text.as_deref())?;
-    let chat =
-        ChatRequest::from_messages(messages).map_err(|_| anyhow!("{source}: no messages"))?;
-    let request = RouteRequest {
-        chat,
+    let request = RouteRequest::new(
+        messages,
         routes,
-        max_messages: Some(args.max_messages),
-        min_probability: args.min_probability,
-    };
+        Some(args.max_messages),
+        args.min_probability,
+    )
+    .map_err(|e| anyhow!("{source}: {e}"))?;
     let engine = global.decider(false)?;
     let router = request
         .router(engine.decision_model())
@@ -56,19 +47,11 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
         .decide(&request.routing_request())
         .with_context(|| source.clone())?;
     let elapsed = started.elapsed();
-    let chosen = decision
-        .result
-        .route_name()
-        .unwrap_or(request.routes.default_route());
+    let response = request.response(&decision);
+    let chosen = response.route.as_str();
     let mut out = std::io::stdout().lock();
     if args.json {
-        let probabilities: Map<String, Value> = decision
-            .probabilities
-            .iter()
-            .map(|(name, p)| (name.clone(), Value::from(*p)))
-            .collect();
-        let json = serde_json::json!({"route": chosen, "probabilities": probabilities});
-        writeln!(out, "{json}")?;
+        writeln!(out, "{}", serde_json::to_string(&response)?)?;
         return Ok(());
     }
     writeln!(

@@ -27,8 +27,8 @@ use decide_train::{
 
 use crate::args::{CasesArgs, FilterArgs, Global, TrainArgs};
 use crate::decider::Decider;
+use crate::filtering::{build_filter, case_pairs, progress, provider_request};
 use crate::input::{Case, Cases};
-use crate::select::{build_filter, provider_request};
 
 /// Reads the cases of a file one at a time (the reader checks JSON, tools, unknown expected
 /// tools and duplicate ids); a case without `expected` is an error. Nothing is kept: `each`
@@ -125,7 +125,7 @@ fn shortlist(
     at: &str,
     k: usize,
 ) -> anyhow::Result<Case> {
-    let scores = crate::calibrate::case_pairs(base, case, expected, filter, at)?;
+    let scores = case_pairs(base, case, expected, filter, at)?;
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].0.total_cmp(&scores[a].0).then(a.cmp(&b)));
     order.truncate(k);
@@ -154,7 +154,7 @@ fn raw_scores(
             Some((base, k)) => shortlist(base, &case, &expected, filter, at, k)?,
             None => case,
         };
-        for (s, label) in crate::calibrate::case_pairs(model, &case, &expected, filter, at)? {
+        for (s, label) in case_pairs(model, &case, &expected, filter, at)? {
             scores.push(s);
             labels.push(label);
         }
@@ -426,7 +426,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let stop = interrupt_flag();
     let trainer_steps = trainer.total_steps();
     let per_epoch = trainer.pairs_per_epoch() as u64;
-    let bar = crate::score::progress(per_epoch * last_epoch as u64, "training");
+    let bar = progress(per_epoch * last_epoch as u64, "training");
     if let Ok(style) = indicatif::ProgressStyle::with_template(
         "{msg} [{bar:30}] {pos}/{len} pairs ({per_sec}, eta {eta})",
     ) {

@@ -109,7 +109,7 @@ pub use filter::{
     FilteringToolProvider, FilteringToolProviderBuilder, DEFAULT_MAX_MESSAGES,
     DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MIN_PROBABILITY,
 };
-pub use request::{provider_request, FilterOptions, SelectRequest};
+pub use request::{provider_request, FilterOptions, ScoredTool, SelectRequest, SelectResponse};
 pub use search::{ranked, search_filter, SearchProvider, ToolSearchCall, DEFAULT_SEARCH_RESULTS};
 pub use selection::{Fallback, FallbackUsed, Gate, Reason, Selection, ToolDecision};
 pub use template::{QuestionTemplate, DEFAULT_QUESTION_TEMPLATE};

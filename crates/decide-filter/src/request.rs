@@ -3,12 +3,12 @@
 
 use decide_chat::parse::{conversation, from_slice, from_value, messages_field, tools_field};
 use decide_chat::{ChatMessage, ParseError, ToolProviderRequest, ToolSpecification};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::FilterError;
 use crate::filter::FilteringToolProviderBuilder;
-use crate::selection::Fallback;
+use crate::selection::{Fallback, FallbackUsed, Gate, Reason, Selection, ToolDecision};
 
 /// The filter's options as a request or a command line gives them; `None` (or no names) keeps the builder's
 /// default. Their values are checked by [`FilteringToolProviderBuilder::build`], whose errors name the option.
@@ -158,31 +158,12 @@ impl SelectRequest {
     pub fn from_value(json: Value) -> Result<Self, ParseError> {
         let body: SelectBody = from_value(json)?;
         let messages = conversation(body.messages, body.text)?;
-        let tools = match body.tools {
-            None => return Err(ParseError::invalid("tools", "missing")),
-            Some(tools) if tools.is_empty() => return Err(ParseError::invalid("tools", "empty")),
-            Some(tools) => tools,
-        };
-        let request = provider_request(&messages).ok_or_else(|| {
-            ParseError::invalid("messages", "the conversation has no user message")
-        })?;
-        // With nothing to decide on, the filter would pass every tool.
-        if request.user_message().text().trim().is_empty() {
-            return Err(ParseError::invalid(
-                "messages",
-                "the last user message is blank",
-            ));
-        }
+        let tools = body
+            .tools
+            .ok_or_else(|| ParseError::invalid("tools", "missing"))?;
         let fallback = body
             .fallback
-            .map(|f| {
-                f.parse().map_err(|e| match e {
-                    FilterError::InvalidConfig { option, message } => {
-                        ParseError::invalid(option, message)
-                    }
-                    other => ParseError::invalid("fallback", other.to_string()),
-                })
-            })
+            .map(|f| f.parse().map_err(|e| option_error(e, "fallback")))
             .transpose()?;
         let options = FilterOptions {
             min_probability: body.min_probability,
@@ -194,10 +175,34 @@ impl SelectRequest {
             fallback,
             needs_tool_gate: body.needs_tool_gate,
         };
-        options.check_always_include(&tools).map_err(|e| match e {
-            FilterError::InvalidConfig { option, message } => ParseError::invalid(option, message),
-            other => ParseError::invalid("always_include", other.to_string()),
+        Self::new(&messages, tools, options)
+    }
+
+    /// The request of a conversation, its tools and options however a front end read them (the
+    /// command line from its files and flags): every rule of the input is here, so each front end
+    /// accepts and refuses the same things in the same words, each error naming the field
+    /// (`messages`, `tools`, `always_include`).
+    pub fn new(
+        messages: &[ChatMessage],
+        tools: Vec<ToolSpecification>,
+        options: FilterOptions,
+    ) -> Result<Self, ParseError> {
+        if tools.is_empty() {
+            return Err(ParseError::invalid("tools", "empty"));
+        }
+        let request = provider_request(messages).ok_or_else(|| {
+            ParseError::invalid("messages", "the conversation has no user message")
         })?;
+        // With nothing to decide on, the filter would pass every tool.
+        if request.user_message().text().trim().is_empty() {
+            return Err(ParseError::invalid(
+                "messages",
+                "the last user message is blank",
+            ));
+        }
+        options
+            .check_always_include(&tools)
+            .map_err(|e| option_error(e, "always_include"))?;
         Ok(Self {
             request,
             tools,
@@ -208,6 +213,15 @@ impl SelectRequest {
     /// [`from_value`](Self::from_value) of JSON text; a syntax error names the line and column.
     pub fn from_slice(json: &[u8]) -> Result<Self, ParseError> {
         Self::from_value(from_slice(json)?)
+    }
+}
+
+/// A filter error about an option as a request's error, naming the option (`field` when the
+/// error does not name one).
+fn option_error(error: FilterError, field: &'static str) -> ParseError {
+    match error {
+        FilterError::InvalidConfig { option, message } => ParseError::invalid(option, message),
+        other => ParseError::invalid(field, other.to_string()),
     }
 }
 
@@ -383,6 +397,56 @@ mod tests {
         ];
         for (json, path) in cases {
             assert_eq!(error(json.clone()).path(), Some(path), "{json}");
+        }
+    }
+}
+
+/// One tool of a [`SelectResponse`]: its probability of being needed (none when it passed without
+/// asking) and why it passed or not.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScoredTool {
+    /// The tool's name.
+    pub name: String,
+    /// The decision model's probability that the tool is needed, when it was asked.
+    pub probability: Option<f64>,
+    /// Why it was passed on or not.
+    pub reason: Reason,
+}
+
+/// What a selection answers, as `decide select --json` prints it and `POST /v1/select` returns
+/// it: `{"selected": [...], "scores": [...], "needs_tool"?, "fallback"?}`, serialized here once
+/// so that every front end answers alike.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SelectResponse {
+    /// The tools passed on, in the catalogue's order.
+    pub selected: Vec<ScoredTool>,
+    /// Every tool of the catalogue, in its order.
+    pub scores: Vec<ScoredTool>,
+    /// What the needs-tool gate decided on, when it is on and something was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub needs_tool: Option<Gate>,
+    /// The fallback applied, when the decision model failed or refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<FallbackUsed>,
+}
+
+impl From<&Selection> for SelectResponse {
+    fn from(selection: &Selection) -> Self {
+        let scored = |d: &ToolDecision| ScoredTool {
+            name: d.name.clone(),
+            probability: d.probability,
+            reason: d.reason,
+        };
+        Self {
+            selected: selection
+                .decisions
+                .iter()
+                .filter(|d| d.passed)
+                .map(scored)
+                .collect(),
+            scores: selection.decisions.iter().map(scored).collect(),
+            needs_tool: selection.gate,
+            fallback: selection.fallback.clone(),
         }
     }
 }

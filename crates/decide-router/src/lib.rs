@@ -120,4 +120,4 @@ pub use route::{
     ChatModelRoutingResult, RouteFuture,
 };
 pub use routing::{RoutingChatModel, RoutingChatModelBuilder, ROUTE_ATTRIBUTE, TOOL_CALL_MEMORY};
-pub use spec::{RouteRequest, RoutesSpec};
+pub use spec::{RouteRequest, RouteResponse, RoutesSpec};

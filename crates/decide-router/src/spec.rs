@@ -8,10 +8,10 @@ use std::sync::Arc;
 use decide_chat::parse::{conversation, from_slice, from_value, messages_field};
 use decide_chat::{ChatMessage, ChatRequest, ParseError};
 use decide_contract::DecisionModel;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::decision::{DecisionModelChatModelRouter, Fallback};
+use crate::decision::{DecisionModelChatModelRouter, Fallback, RouteDecision};
 use crate::error::RouterError;
 use crate::route::{validate_option_names, ChatModelRoute, ChatModelRoutingRequest};
 
@@ -182,14 +182,39 @@ impl RouteRequest {
         let body: RouteBody = from_value(json)?;
         let messages = conversation(body.messages, body.text)?;
         let routes = RoutesSpec::check(body.routes, body.default)?;
+        Self::new(messages, routes, body.max_messages, body.min_probability)
+    }
+
+    /// The request of a conversation and its routes however a front end read them (the command
+    /// line from its files and flags): the conversation's rules are here, so each front end
+    /// accepts and refuses the same things in the same words.
+    pub fn new(
+        messages: Vec<ChatMessage>,
+        routes: RoutesSpec,
+        max_messages: Option<usize>,
+        min_probability: Option<f64>,
+    ) -> Result<Self, ParseError> {
         let chat = ChatRequest::from_messages(messages)
             .map_err(|e| ParseError::invalid("messages", e.to_string()))?;
         Ok(Self {
             chat,
             routes,
-            max_messages: body.max_messages,
-            min_probability: body.min_probability,
+            max_messages,
+            min_probability,
         })
+    }
+
+    /// The answer to this request from the router's `decision`: the route taken (the default
+    /// route when the router chose none) and every route's probability.
+    pub fn response(&self, decision: &RouteDecision) -> RouteResponse {
+        RouteResponse {
+            route: decision
+                .result
+                .route_name()
+                .unwrap_or(self.routes.default_route())
+                .to_owned(),
+            probabilities: decision.probabilities.clone(),
+        }
     }
 
     /// [`from_value`](Self::from_value) of JSON text; a syntax error names the line and column.
@@ -220,6 +245,23 @@ impl RouteRequest {
         }
         builder.build()
     }
+}
+
+/// What routing answers, as `decide route --json` prints it and `POST /v1/route` returns it:
+/// `{"route", "probabilities": {route: probability, ...}}`, serialized here once so that every
+/// front end answers alike.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RouteResponse {
+    /// The route taken.
+    pub route: String,
+    /// Each route the model was asked about with its probability, in the routes' order.
+    #[serde(serialize_with = "as_map")]
+    pub probabilities: Vec<(String, f64)>,
+}
+
+/// Route probabilities as a JSON object, in the routes' order.
+fn as_map<S: serde::Serializer>(pairs: &[(String, f64)], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(pairs.iter().map(|(k, v)| (k, v)))
 }
 
 #[cfg(test)]

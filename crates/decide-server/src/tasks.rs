@@ -11,9 +11,9 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use decide_chat::StaticToolProvider;
-use decide_filter::{FilteringToolProvider, SelectRequest};
-use decide_router::RouteRequest;
-use serde_json::{json, Map, Value};
+use decide_filter::{FilteringToolProvider, SelectRequest, SelectResponse};
+use decide_router::{RouteRequest, RouteResponse};
+use serde_json::Value;
 
 use crate::api_error::ApiError;
 use crate::limits::{blocking, off_runtime, Body};
@@ -43,10 +43,13 @@ fn parse_bounded(raw: &[u8], field: &str, most: usize) -> Result<Value, ApiError
     Ok(value)
 }
 
-/// `POST /v1/select`: a [`SelectRequest`] → `{"selected": [...], "scores": [...], "needs_tool"?,
-/// "fallback"?}`, `needs_tool` saying what the needs-tool gate decided on when it is on.
+/// `POST /v1/select`: a [`SelectRequest`] → a [`SelectResponse`], `{"selected": [...], "scores": [...],
+/// "needs_tool"?, "fallback"?}`, `needs_tool` saying what the needs-tool gate decided on when it is on.
 /// `target_recall` takes its threshold from the model's conformal table.
-async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Value>, ApiError> {
+async fn select(
+    State(state): State<AppState>,
+    Body(raw): Body,
+) -> Result<Json<SelectResponse>, ApiError> {
     let most = state.limits().max_options;
     let request = off_runtime(move || {
         Ok(SelectRequest::from_value(parse_bounded(
@@ -62,31 +65,14 @@ async fn select(State(state): State<AppState>, Body(raw): Body) -> Result<Json<V
     let filter = request.options.apply(builder)?.build()?;
     let conversation = request.request;
     let selection = blocking(&state, move || filter.select(&conversation)).await?;
-    let scores: Vec<Value> = selection
-        .decisions
-        .iter()
-        .map(|d| json!({"name": d.name, "probability": d.probability, "reason": d.reason}))
-        .collect();
-    let selected: Vec<Value> = selection
-        .decisions
-        .iter()
-        .zip(&scores)
-        .filter(|(d, _)| d.passed)
-        .map(|(_, s)| s.clone())
-        .collect();
-    let mut out = json!({"selected": selected, "scores": scores});
-    if let Some(g) = &selection.gate {
-        out["needs_tool"] =
-            json!({"answer": g.answer, "probability": g.probability, "open": g.open});
-    }
-    if let Some(f) = &selection.fallback {
-        out["fallback"] = json!({"strategy": f.strategy, "reason": f.reason});
-    }
-    Ok(Json(out))
+    Ok(Json(SelectResponse::from(&selection)))
 }
 
-/// `POST /v1/route`: a [`RouteRequest`] → `{"route", "probabilities"}`.
-async fn route(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Value>, ApiError> {
+/// `POST /v1/route`: a [`RouteRequest`] → a [`RouteResponse`], `{"route", "probabilities"}`.
+async fn route(
+    State(state): State<AppState>,
+    Body(raw): Body,
+) -> Result<Json<RouteResponse>, ApiError> {
     let most = state.limits().max_options;
     let request = off_runtime(move || {
         Ok(RouteRequest::from_value(parse_bounded(
@@ -95,15 +81,11 @@ async fn route(State(state): State<AppState>, Body(raw): Body) -> Result<Json<Va
     })
     .await?;
     let router = request.router(Arc::new(state.model().clone()))?;
-    let default = request.routes.default_route().to_owned();
-    let decision = blocking(&state, move || router.decide(&request.routing_request())).await?;
-    let chosen = decision.result.route_name().unwrap_or(&default);
-    let probabilities: Map<String, Value> = decision
-        .probabilities
-        .iter()
-        .map(|(n, p)| (n.clone(), Value::from(*p)))
-        .collect();
-    Ok(Json(
-        json!({"route": chosen, "probabilities": probabilities}),
-    ))
+    let (request, decision) = blocking(&state, move || {
+        router
+            .decide(&request.routing_request())
+            .map(|decision| (request, decision))
+    })
+    .await?;
+    Ok(Json(request.response(&decision)))
 }
