@@ -547,6 +547,31 @@ pub struct McpArgs {
     /// Seconds to wait for an upstream to start, list its tools or answer a call.
     #[arg(long, default_value_t = 30)]
     pub timeout: u64,
+    /// With --http: host names accepted in the Host header besides the bound address and the loopback names
+    /// (repeat or separate with commas; `*` accepts any); others get 403. Checked always on loopback, elsewhere
+    /// only when given.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
+    /// With --http: web origins (`https://app.example`) whose pages may call the gateway, answered with CORS
+    /// headers; requests from any other web page (Origin: null included) get 403.
+    #[arg(long, value_delimiter = ',', value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
+    /// With --http: client sessions held at once; an initialize past it gets 503.
+    #[arg(long, default_value_t = decide_mcp::DEFAULT_MAX_SESSIONS)]
+    pub max_sessions: usize,
+    /// With --http: seconds a session may go without a message before it ends and its state is dropped.
+    #[arg(long, default_value_t = 300.0, value_name = "SECONDS")]
+    pub session_idle_timeout: f64,
+    /// With --http: seconds a client may take to send a request's headers, and then its body; idle connections are
+    /// closed after it too.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub read_timeout: f64,
+    /// With --http: open connections at once; past it, new ones wait until one closes.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// With --http: seconds requests in flight may take after SIGTERM before their connections are dropped.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub shutdown_timeout: f64,
 }
 
 fn parse_expose(s: &str) -> Result<decide_mcp::Expose, String> {

@@ -108,6 +108,60 @@ fn time_calls(
 }
 
 pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
+    let decision_tools = check_options(&args)?;
+    // Read before the model loads and the measuring starts: a bad file fails at once.
+    let catalogue_texts = match &args.catalogue {
+        Some(path) => Some((path.clone(), catalogue_texts(path)?)),
+        None => None,
+    };
+    let engine = load_engine(global, &args)?;
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let peak = bench::matmul_peak_gflops(&engine).context("measuring the matmul peak")?;
+    let steps = args.batch_sizes.len() * args.seq_lens.len()
+        + decision_tools.len()
+        + usize::from(catalogue_texts.is_some());
+    let progress = progress_bar(&args, steps);
+    let cells = time_cells(&engine, &args, peak, &progress)?;
+    let catalogue = match &catalogue_texts {
+        Some((path, texts)) => {
+            progress.set_message(format!("the {} tools of {}", texts.len(), path.display()));
+            let run = time_catalogue(&engine, &args, path, texts)?;
+            progress.inc(1);
+            Some(run)
+        }
+        None => None,
+    };
+    let decisions = time_decisions(&engine, &args, &decision_tools, &progress)?;
+    progress.finish_and_clear();
+    let report = Report {
+        model: engine.info().name.clone(),
+        device: engine.info().device.clone(),
+        dtype: engine.info().dtype.clone(),
+        kernels: bench::kernels(&engine),
+        threads,
+        matmul_peak_gflops: peak,
+        cells,
+        catalogue,
+        decisions,
+    };
+    if let Some(path) = &args.plot {
+        plot(path, &report, &args)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// Checks the options before anything loads; returns the tool counts of the decisions to time
+/// (none with `--no-decisions`).
+fn check_options(args: &BenchArgs) -> anyhow::Result<Vec<usize>> {
     anyhow::ensure!(
         !args.batch_sizes.is_empty() && args.batch_sizes.iter().all(|&b| b > 0),
         "--batch-sizes: expected positive numbers, as in 1,8,32"
@@ -138,19 +192,20 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         args.reps > 0 && args.max_reps >= args.reps,
         "--reps must be at least 1 and at most --max-reps"
     );
-    // Read before the model loads and the measuring starts: a bad file fails at once.
-    let catalogue_texts = match &args.catalogue {
-        Some(path) => {
-            let texts: Vec<String> = crate::input::read_tools(path)?
-                .iter()
-                .map(|t| {
-                    decide_engine::candidate_text(&t.name, t.description.as_deref().unwrap_or(""))
-                })
-                .collect();
-            Some((path.clone(), texts))
-        }
-        None => None,
-    };
+    Ok(decision_tools)
+}
+
+/// The candidate texts of the tools of `--catalogue`.
+fn catalogue_texts(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    Ok(crate::input::read_tools(path)?
+        .iter()
+        .map(|t| decide_engine::candidate_text(&t.name, t.description.as_deref().unwrap_or("")))
+        .collect())
+}
+
+/// The engine, able to run the largest cell in one forward pass; every `--seq-lens` must fit
+/// the model.
+fn load_engine(global: &Global, args: &BenchArgs) -> anyhow::Result<Engine> {
     let longest = args.batch_sizes.iter().max().copied().unwrap_or(1)
         * args.seq_lens.iter().max().copied().unwrap_or(1);
     let engine = Engine::builder()
@@ -168,34 +223,38 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
             engine.info().name
         );
     }
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let peak = bench::matmul_peak_gflops(&engine).context("measuring the matmul peak")?;
+    Ok(engine)
+}
 
-    let cells_total = args.batch_sizes.len() * args.seq_lens.len();
+fn progress_bar(args: &BenchArgs, steps: usize) -> ProgressBar {
     let progress = if args.no_progress {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(
-            (cells_total + decision_tools.len() + usize::from(catalogue_texts.is_some())) as u64,
-        )
+        ProgressBar::new(steps as u64)
     };
     progress.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
-            .expect("a valid template"),
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    progress
+}
+
+/// Times every cell of the grid, sequence lengths outermost.
+fn time_cells(
+    engine: &Engine,
+    args: &BenchArgs,
+    peak: f64,
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<Cell>> {
     let mut cells = Vec::new();
     for &tokens in &args.seq_lens {
         for &batch in &args.batch_sizes {
             progress.set_message(format!("batch {batch} × {tokens} tokens"));
-            let times = time_calls(&args, || {
-                Ok(bench::forward_synthetic(&engine, batch, tokens)?)
+            let times = time_calls(args, || {
+                Ok(bench::forward_synthetic(engine, batch, tokens)?)
             })?;
             let median = median_ms(&times);
-            let gflops = bench::forward_flops(&engine, batch, tokens) / (median / 1e3) / 1e9;
+            let gflops = bench::forward_flops(engine, batch, tokens) / (median / 1e3) / 1e9;
             cells.push(Cell {
                 batch,
                 tokens,
@@ -211,23 +270,22 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
             progress.inc(1);
         }
     }
+    Ok(cells)
+}
 
-    let catalogue = match &catalogue_texts {
-        Some((path, texts)) => {
-            progress.set_message(format!("the {} tools of {}", texts.len(), path.display()));
-            let run = time_catalogue(&engine, &args, path, texts)?;
-            progress.inc(1);
-            Some(run)
-        }
-        None => None,
-    };
-
+/// Times a whole decision over each number of tools, for a 10-message conversation.
+fn time_decisions(
+    engine: &Engine,
+    args: &BenchArgs,
+    tool_counts: &[usize],
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<Decision>> {
     let mut decisions = Vec::new();
     let input = bench::conversation(10);
-    for &tools in &decision_tools {
+    for &tools in tool_counts {
         progress.set_message(format!("decision over {tools} tools"));
         let request = bench::tool_request(tools, &input)?;
-        let times = time_calls(&args, || {
+        let times = time_calls(args, || {
             engine.decide(&request)?;
             Ok(())
         })?;
@@ -241,45 +299,29 @@ pub fn run(global: &Global, args: BenchArgs) -> anyhow::Result<()> {
         });
         progress.inc(1);
     }
-    progress.finish_and_clear();
+    Ok(decisions)
+}
 
-    let report = Report {
-        model: engine.info().name.clone(),
-        device: engine.info().device.clone(),
-        dtype: engine.info().dtype.clone(),
-        kernels: bench::kernels(&engine),
-        threads,
-        matmul_peak_gflops: peak,
-        cells,
-        catalogue,
-        decisions,
-    };
-    if let Some(path) = &args.plot {
-        let series: Vec<(String, Vec<(usize, f64)>)> = args
-            .seq_lens
-            .iter()
-            .map(|&tokens| {
-                let points = report
-                    .cells
-                    .iter()
-                    .filter(|c| c.tokens == tokens)
-                    .map(|c| (c.batch, c.pairs_per_s))
-                    .collect();
-                (format!("{tokens} tokens"), points)
-            })
-            .collect();
-        let title = format!(
-            "{} on {} ({}, {})",
-            report.model, report.device, report.dtype, report.kernels
-        );
-        crate::plot::throughput_png(path, &title, &series)?;
-    }
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print_table(&report);
-    }
-    Ok(())
+/// `--plot`: pairs/s against the batch size, one line per sequence length.
+fn plot(path: &std::path::Path, report: &Report, args: &BenchArgs) -> anyhow::Result<()> {
+    let series: Vec<(String, Vec<(usize, f64)>)> = args
+        .seq_lens
+        .iter()
+        .map(|&tokens| {
+            let points = report
+                .cells
+                .iter()
+                .filter(|c| c.tokens == tokens)
+                .map(|c| (c.batch, c.pairs_per_s))
+                .collect();
+            (format!("{tokens} tokens"), points)
+        })
+        .collect();
+    let title = format!(
+        "{} on {} ({}, {})",
+        report.model, report.device, report.dtype, report.kernels
+    );
+    crate::plot::throughput_png(path, &title, &series)
 }
 
 /// Times scoring every text of a catalogue with nothing cached: embeddings for a bi-encoder,

@@ -103,87 +103,127 @@ fn score_cases(
 /// The target recalls whose thresholds `decide calibrate` prints.
 const SHOWN_RECALLS: [f64; 3] = [0.9, 0.95, 0.99];
 
-pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
-    if args.filter.target_recall.is_some() {
-        bail!("--target-recall: not used by calibrate, which writes the table it reads");
-    }
-    let inputs = pairs(&args.data, &args.tools, ("--data", "--tools"))?;
-    let more = pairs(
-        &args.conformal_data,
-        &args.conformal_tools,
-        ("--conformal-data", "--conformal-tools"),
-    )?;
-    // Every file is read (and its errors reported) before the model loads.
-    let open = |inputs: &[CasesArgs]| {
-        inputs
+/// The files of a run, opened (and so checked) before the model loads.
+struct Inputs {
+    /// `--data` with its catalogues.
+    data: Vec<CasesArgs>,
+    /// `--conformal-data` with its catalogues.
+    more: Vec<CasesArgs>,
+    readers: Vec<Cases>,
+    more_readers: Vec<Cases>,
+    /// `--needs-tool-data`, read without catalogues.
+    head_readers: Vec<Cases>,
+}
+
+impl Inputs {
+    fn open(args: &CalibrateArgs) -> anyhow::Result<Self> {
+        if args.filter.target_recall.is_some() {
+            bail!("--target-recall: not used by calibrate, which writes the table it reads");
+        }
+        let data = pairs(&args.data, &args.tools, ("--data", "--tools"))?;
+        let more = pairs(
+            &args.conformal_data,
+            &args.conformal_tools,
+            ("--conformal-data", "--conformal-tools"),
+        )?;
+        let open = |inputs: &[CasesArgs]| {
+            inputs
+                .iter()
+                .map(Cases::open)
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let (readers, more_readers) = (open(&data)?, open(&more)?);
+        if !(0.0..=1.0).contains(&args.companion_min_probability) {
+            bail!(
+                "--companion-min-probability: must be between 0 and 1, but was {}",
+                args.companion_min_probability
+            );
+        }
+        let head_readers = args
+            .needs_tool_data
             .iter()
-            .map(Cases::open)
-            .collect::<anyhow::Result<Vec<_>>>()
-    };
-    let (readers, more_readers) = (open(&inputs)?, open(&more)?);
-    if !(0.0..=1.0).contains(&args.companion_min_probability) {
-        bail!(
-            "--companion-min-probability: must be between 0 and 1, but was {}",
-            args.companion_min_probability
-        );
-    }
-    let head_readers = args
-        .needs_tool_data
-        .iter()
-        .map(|data| {
-            Cases::open(&CasesArgs {
-                data: data.clone(),
-                tools: None,
+            .map(|data| {
+                Cases::open(&CasesArgs {
+                    data: data.clone(),
+                    tools: None,
+                })
+                .map(Cases::without_tools)
             })
-            .map(Cases::without_tools)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Self {
+            data,
+            more,
+            readers,
+            more_readers,
+            head_readers,
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let model = global.decider(true)?;
+    }
+}
+
+/// The raw scores of the model on the cases.
+struct Scored {
+    /// Every (case, tool) pair of `--data`: its raw score and whether it was needed.
+    scores: Vec<f64>,
+    labels: Vec<bool>,
+    /// `--data`'s cases.
+    cases: usize,
+    /// The raw scores of the needed tools of each `--conformal-data` file, and its case count.
+    more_needed: Vec<(Vec<f64>, usize)>,
+}
+
+fn score_all(
+    model: &Decider,
+    readers: Vec<Cases>,
+    more_readers: Vec<Cases>,
+    filter: &FilterArgs,
+) -> anyhow::Result<Scored> {
     let total = readers.iter().chain(&more_readers).map(|r| r.total).sum();
     let bar = progress(total, "scoring");
     let mut scored = Vec::new();
     let mut cases = 0;
     for reader in readers {
-        let (pairs, read) = score_cases(&model, reader, &args.filter, &bar)?;
+        let (pairs, read) = score_cases(model, reader, filter, &bar)?;
         scored.extend(pairs);
         cases += read;
     }
     let (scores, labels): (Vec<f64>, Vec<bool>) = scored.into_iter().unzip();
-    // The raw scores of the needed tools of each --conformal-data file, and its case count.
     let mut more_needed: Vec<(Vec<f64>, usize)> = Vec::new();
     for reader in more_readers {
-        let (pairs, read) = score_cases(&model, reader, &args.filter, &bar)?;
+        let (pairs, read) = score_cases(model, reader, filter, &bar)?;
         let needed = pairs.into_iter().filter(|(_, l)| *l).map(|(s, _)| s);
         more_needed.push((needed.collect(), read));
     }
     bar.finish_and_clear();
-    let files = args
-        .data
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let Some(fit) = Calibration::fit(&scores, &labels) else {
-        bail!("{files}: calibration needs both needed and unneeded tools");
-    };
-    let positives = labels.iter().filter(|l| **l).count();
-    // The probabilities decisions will give: the fit as the manifest stores it, rounded.
-    let stored = Calibration {
-        a: round4(fit.a),
-        b: round4(fit.b),
-    };
-    let source = inputs.iter().map(describe).collect::<Vec<_>>().join(", ");
+    Ok(Scored {
+        scores,
+        labels,
+        cases,
+        more_needed,
+    })
+}
+
+/// The conformal table of the needed tools' probabilities under `stored`: one source for
+/// `--data`'s cases, then one per `--conformal-data` file. `files` names `--data` in errors.
+fn conformal_table(
+    scored: &Scored,
+    stored: Calibration,
+    data: &[CasesArgs],
+    more: &[CasesArgs],
+    files: &str,
+) -> anyhow::Result<Conformal> {
+    let source = data.iter().map(describe).collect::<Vec<_>>().join(", ");
     let Some(first) = ConformalSource::from_needed(
-        scores
+        scored
+            .scores
             .iter()
-            .zip(&labels)
+            .zip(&scored.labels)
             .filter(|(_, needed)| **needed)
             .map(|(s, _)| stored.probability(*s)),
     ) else {
         bail!("{files}: a needed tool's probability is not a number");
     };
-    let mut sources = vec![first.with_cases(cases).with_source(source)];
-    for ((needed, read), input) in more_needed.into_iter().zip(&more) {
+    let mut sources = vec![first.with_cases(scored.cases).with_source(source)];
+    for ((needed, read), input) in scored.more_needed.iter().zip(more) {
         let at = input.data.display();
         if needed.is_empty() {
             bail!("{at}: no case needs a tool, so it has nothing for --target-recall to cover");
@@ -193,26 +233,87 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
         else {
             bail!("{at}: a needed tool's probability is not a number");
         };
-        sources.push(table.with_cases(read).with_source(describe(input)));
+        sources.push(table.with_cases(*read).with_source(describe(input)));
     }
-    let conformal = Conformal::from_sources(sources).expect("the --data cases are a source");
-    let thresholds = shown_thresholds(|r| conformal.threshold(r))?;
-    let before = model.calibration_in_use();
-    let after = reliability(&scores, &labels, fit);
-    let before_rel = before.map(|c| reliability(&scores, &labels, c));
-    let loss_after = log_loss(&scores, &labels, fit);
-    let loss_before = before.map(|c| log_loss(&scores, &labels, c));
+    let Some(conformal) = Conformal::from_sources(sources) else {
+        bail!("{files}: no conformal source");
+    };
+    Ok(conformal)
+}
 
-    if let Some(path) = &args.plot {
-        let title = format!("{}: reliability on {cases} cases", model.name());
-        let mut curves = Vec::new();
-        if let Some(r) = &before_rel {
-            curves.push(("before", r));
+/// How well a calibration fits the scored pairs.
+struct Quality {
+    calibration: Calibration,
+    log_loss: f64,
+    reliability: Reliability,
+}
+
+impl Quality {
+    fn of(scored: &Scored, calibration: Calibration) -> Self {
+        Self {
+            calibration,
+            log_loss: log_loss(&scored.scores, &scored.labels, calibration),
+            reliability: reliability(&scored.scores, &scored.labels, calibration),
         }
-        curves.push(("after", &after));
+    }
+}
+
+/// What a run found and wrote, for the printing.
+struct Outcome {
+    /// `--data`'s files, as the first line names them.
+    files: String,
+    cases: usize,
+    pairs: usize,
+    positives: usize,
+    /// The model's calibration before, if it had one, and the new fit.
+    before: Option<Quality>,
+    after: Quality,
+    conformal: Conformal,
+    /// The whole table's thresholds at [`SHOWN_RECALLS`].
+    thresholds: Vec<(f64, f64)>,
+    head: Option<(NeedsTool, Fitted)>,
+    /// The manifest written, if the model has one and `--dry-run` is not given.
+    written: Option<PathBuf>,
+}
+
+pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
+    // Every file is read (and its errors reported) before the model loads.
+    let Inputs {
+        data,
+        more,
+        readers,
+        more_readers,
+        head_readers,
+    } = Inputs::open(&args)?;
+    let model = global.decider(true)?;
+    let scored = score_all(&model, readers, more_readers, &args.filter)?;
+    let files = args
+        .data
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let Some(fit) = Calibration::fit(&scored.scores, &scored.labels) else {
+        bail!("{files}: calibration needs both needed and unneeded tools");
+    };
+    // The probabilities decisions will give: the fit as the manifest stores it, rounded.
+    let stored = Calibration {
+        a: round4(fit.a),
+        b: round4(fit.b),
+    };
+    let conformal = conformal_table(&scored, stored, &data, &more, &files)?;
+    let thresholds = shown_thresholds(|r| conformal.threshold(r))?;
+    let before = model.calibration_in_use().map(|c| Quality::of(&scored, c));
+    let after = Quality::of(&scored, fit);
+    if let Some(path) = &args.plot {
+        let title = format!("{}: reliability on {} cases", model.name(), scored.cases);
+        let mut curves = Vec::new();
+        if let Some(b) = &before {
+            curves.push(("before", &b.reliability));
+        }
+        curves.push(("after", &after.reliability));
         crate::plot::reliability_png(path, &title, &curves)?;
     }
-
     let head = match head_readers.is_empty() {
         true => None,
         false => Some(fit_needs_tool(&model, head_readers, &args)?),
@@ -222,53 +323,122 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     } else {
         write_manifest(&model, fit, &conformal, head.as_ref().map(|(h, _)| h))?
     };
-
+    let outcome = Outcome {
+        files,
+        cases: scored.cases,
+        pairs: scored.scores.len(),
+        positives: scored.labels.iter().filter(|l| **l).count(),
+        before,
+        after,
+        conformal,
+        thresholds,
+        head,
+        written,
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
-        let line = serde_json::json!({
-            "model": model.name(), "a": fit.a, "b": fit.b,
-            "lexical_weight": model.lexical_weight(),
-            "tool_parameters": model.tool_parameters(),
-            "cases": cases, "pairs": scores.len(), "positives": positives,
-            "log_loss": loss_after, "ece": after.ece,
-            "log_loss_before": loss_before, "ece_before": before_rel.as_ref().map(|r| r.ece),
-            "conformal": {
-                "needed": conformal.len(), "cases": conformal.cases(),
-                "thresholds": recall_map(&thresholds),
-                "sources": conformal.sources().iter().map(|s| Ok(serde_json::json!({
-                    "source": s.source(), "needed": s.len(), "cases": s.cases(),
-                    "thresholds": recall_map(&shown_thresholds(|r| s.threshold(r))?),
-                }))).collect::<anyhow::Result<Vec<_>>>()?,
-            },
-            "needs_tool": head.as_ref().map(|(h, fitted)| serde_json::json!({
-                "cases": h.cases, "no_tool_cases": fitted.no_tool,
-                "companion_min_probability": h.companion_min_probability,
-                "tool_cases_at_half": fitted.tool_at_half, "no_tool_cases_at_half": fitted.no_tool_at_half,
-            })),
-            "written": written.as_ref().map(|p| p.display().to_string()),
-        });
-        writeln!(out, "{line}")?;
-        return Ok(());
+        return print_json(&mut out, &model, &outcome);
     }
+    print_text(&mut out, &model, &outcome, &args)
+}
+
+/// The outcome as one JSON object on one line.
+fn print_json(out: &mut impl Write, model: &Decider, o: &Outcome) -> anyhow::Result<()> {
+    let (fit, conformal) = (o.after.calibration, &o.conformal);
+    let line = serde_json::json!({
+        "model": model.name(), "a": fit.a, "b": fit.b,
+        "lexical_weight": model.lexical_weight(),
+        "tool_parameters": model.tool_parameters(),
+        "cases": o.cases, "pairs": o.pairs, "positives": o.positives,
+        "log_loss": o.after.log_loss, "ece": o.after.reliability.ece,
+        "log_loss_before": o.before.as_ref().map(|b| b.log_loss),
+        "ece_before": o.before.as_ref().map(|b| b.reliability.ece),
+        "conformal": {
+            "needed": conformal.len(), "cases": conformal.cases(),
+            "thresholds": recall_map(&o.thresholds),
+            "sources": conformal.sources().iter().map(|s| Ok(serde_json::json!({
+                "source": s.source(), "needed": s.len(), "cases": s.cases(),
+                "thresholds": recall_map(&shown_thresholds(|r| s.threshold(r))?),
+            }))).collect::<anyhow::Result<Vec<_>>>()?,
+        },
+        "needs_tool": o.head.as_ref().map(|(h, fitted)| serde_json::json!({
+            "cases": h.cases, "no_tool_cases": fitted.no_tool,
+            "companion_min_probability": h.companion_min_probability,
+            "tool_cases_at_half": fitted.tool_at_half, "no_tool_cases_at_half": fitted.no_tool_at_half,
+        })),
+        "written": o.written.as_ref().map(|p| p.display().to_string()),
+    });
+    writeln!(out, "{line}")?;
+    Ok(())
+}
+
+/// The outcome as lines for a person: the fits before and after, the conformal thresholds,
+/// the needs-tool head, and where it all went.
+fn print_text(
+    out: &mut impl Write,
+    model: &Decider,
+    o: &Outcome,
+    args: &CalibrateArgs,
+) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{} on {files}: {cases} cases, {} pairs ({positives} needed)",
+        "{} on {}: {} cases, {} pairs ({} needed)",
         model.name(),
-        scores.len()
+        o.files,
+        o.cases,
+        o.pairs,
+        o.positives
     )?;
-    match (before, loss_before, &before_rel) {
-        (Some(c), Some(loss), Some(r)) => writeln!(
+    match &o.before {
+        Some(b) => writeln!(
             out,
-            "  before: a = {:.4}, b = {:.4}   log loss {loss:.4}   ECE {:.4}",
-            c.a, c.b, r.ece
+            "  before: a = {:.4}, b = {:.4}   log loss {:.4}   ECE {:.4}",
+            b.calibration.a, b.calibration.b, b.log_loss, b.reliability.ece
         )?,
-        _ => writeln!(out, "  before: uncalibrated")?,
+        None => writeln!(out, "  before: uncalibrated")?,
     }
+    let fit = o.after.calibration;
     writeln!(
         out,
-        "  after:  a = {:.4}, b = {:.4}   log loss {loss_after:.4}   ECE {:.4}",
-        fit.a, fit.b, after.ece
+        "  after:  a = {:.4}, b = {:.4}   log loss {:.4}   ECE {:.4}",
+        fit.a, fit.b, o.after.log_loss, o.after.reliability.ece
     )?;
+    print_conformal(out, &o.conformal, &o.thresholds)?;
+    if let Some((h, fitted)) = &o.head {
+        writeln!(
+            out,
+            "  needs-tool head: {} conversations ({} needing no tool) from {}; on them, {:.3} of those \
+             needing a tool and {:.3} of the others on the right side of 0.5; further tools from {}",
+            h.cases,
+            fitted.no_tool,
+            h.source,
+            fitted.tool_at_half,
+            fitted.no_tool_at_half,
+            h.companion_min_probability
+        )?;
+    }
+    match &o.written {
+        Some(path) => writeln!(out, "written to {}", path.display())?,
+        None => writeln!(
+            out,
+            "[calibration]\na = {:.4}\nb = {:.4}\n\n{}",
+            round4(fit.a),
+            round4(fit.b),
+            registry::conformal_toml(&o.conformal)
+        )?,
+    }
+    if let Some(path) = &args.plot {
+        writeln!(out, "reliability plot: {}", path.display())?;
+    }
+    Ok(())
+}
+
+/// The conformal thresholds: of each source and the lowest, or of the one source.
+fn print_conformal(
+    out: &mut impl Write,
+    conformal: &Conformal,
+    thresholds: &[(f64, f64)],
+) -> anyhow::Result<()> {
     if let [_, _, ..] = conformal.sources() {
         for s in conformal.sources() {
             writeln!(
@@ -284,41 +454,15 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
             out,
             "  conformal, the lowest of the {} sources: threshold {}",
             conformal.sources().len(),
-            shown(&thresholds)
+            shown(thresholds)
         )?;
     } else {
         writeln!(
             out,
             "  conformal: {} needed tools: threshold {}",
             conformal.len(),
-            shown(&thresholds)
+            shown(thresholds)
         )?;
-    }
-    if let Some((h, fitted)) = &head {
-        writeln!(
-            out,
-            "  needs-tool head: {} conversations ({} needing no tool) from {}; on them, {:.3} of those \
-             needing a tool and {:.3} of the others on the right side of 0.5; further tools from {}",
-            h.cases,
-            fitted.no_tool,
-            h.source,
-            fitted.tool_at_half,
-            fitted.no_tool_at_half,
-            h.companion_min_probability
-        )?;
-    }
-    match written {
-        Some(path) => writeln!(out, "written to {}", path.display())?,
-        None => writeln!(
-            out,
-            "[calibration]\na = {:.4}\nb = {:.4}\n\n{}",
-            round4(fit.a),
-            round4(fit.b),
-            registry::conformal_toml(&conformal)
-        )?,
-    }
-    if let Some(path) = &args.plot {
-        writeln!(out, "reliability plot: {}", path.display())?;
     }
     Ok(())
 }

@@ -49,32 +49,65 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
     if let Some(c) = cases_out {
         c.finish()?;
     }
-    let split = seen
-        .as_ref()
-        .map(|seen| split_by_seen(&cases, seen))
-        .transpose()
-        .with_context(|| args.cases.data.display().to_string())?;
-    let seen_files: Vec<String> = args
-        .seen_in
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
+    let split = match &seen {
+        Some(tools) => Some(SeenIn {
+            files: args
+                .seen_in
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+            tools: tools.len(),
+            split: split_by_seen(&cases, tools)
+                .with_context(|| args.cases.data.display().to_string())?,
+        }),
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut json = serde_json::to_value(&report)?;
-        if let Some(map) = json.as_object_mut() {
-            map.insert("model".into(), engine.name().into());
-            map.insert("target_recall".into(), args.filter.target_recall.into());
-            if let (Some(split), Some(seen)) = (&split, &seen) {
-                map.insert(
-                    "seen_in".into(),
-                    json!({"files": seen_files, "tools": seen.len(), "seen": split.seen, "unseen": split.unseen}),
-                );
-            }
-        }
-        writeln!(out, "{json}")?;
-        return Ok(());
+        return print_json(&mut out, &report, &engine, &args, split.as_ref());
     }
+    print_text(&mut out, &report, &engine, &args, split.as_ref())
+}
+
+/// `--seen-in`'s files, how many tools they name, and the needed pairs split by them.
+struct SeenIn {
+    files: Vec<String>,
+    tools: usize,
+    split: SeenSplit,
+}
+
+/// The report as one JSON object, with the model, the target recall and the `--seen-in` split.
+fn print_json(
+    out: &mut impl Write,
+    report: &Report,
+    engine: &Decider,
+    args: &EvalArgs,
+    seen: Option<&SeenIn>,
+) -> anyhow::Result<()> {
+    let mut json = serde_json::to_value(report)?;
+    if let Some(map) = json.as_object_mut() {
+        map.insert("model".into(), engine.name().into());
+        map.insert("target_recall".into(), args.filter.target_recall.into());
+        if let Some(s) = seen {
+            map.insert(
+                "seen_in".into(),
+                json!({"files": s.files, "tools": s.tools, "seen": s.split.seen, "unseen": s.split.unseen}),
+            );
+        }
+    }
+    writeln!(out, "{json}")?;
+    Ok(())
+}
+
+/// The report as a table: what was measured, at which threshold, the metrics, and the
+/// `--seen-in` split.
+fn print_text(
+    out: &mut impl Write,
+    report: &Report,
+    engine: &Decider,
+    args: &EvalArgs,
+    seen: Option<&SeenIn>,
+) -> anyhow::Result<()> {
     writeln!(
         out,
         "{} cases from {} ({} with one tool, {} with any, {} with none), {} pairs, {} on {}",
@@ -87,7 +120,33 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
         engine.name(),
         engine.device_name()
     )?;
-    match (args.filter.target_recall, engine.conformal()) {
+    print_threshold(out, report, engine, args.filter.target_recall)?;
+    for (metric, value) in table(report) {
+        writeln!(out, "  {metric:<44}{value:>10}")?;
+    }
+    if let Some(s) = seen {
+        writeln!(
+            out,
+            "needed (case, tool) pairs split by --seen-in {} ({} tools named there):",
+            s.files.join(", "),
+            s.tools
+        )?;
+        for (metric, value) in seen_table(&s.split) {
+            writeln!(out, "  {metric:<44}{value:>10}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Where the selection's threshold came from: `--target-recall` and the conformal table, or
+/// `--min-probability` (with the needs-tool gate's companion threshold when there is one).
+fn print_threshold(
+    out: &mut impl Write,
+    report: &Report,
+    engine: &Decider,
+    target_recall: Option<f64>,
+) -> anyhow::Result<()> {
+    match (target_recall, engine.conformal()) {
         (Some(r), Some(c)) => writeln!(
             out,
             "threshold {} from --target-recall {r} (conformal: {} needed tools of {} cases from {})",
@@ -108,20 +167,6 @@ pub fn run(global: &Global, args: EvalArgs) -> anyhow::Result<()> {
             )?,
             None => writeln!(out, "threshold {} (--min-probability)", report.threshold)?,
         },
-    }
-    for (metric, value) in table(&report) {
-        writeln!(out, "  {metric:<44}{value:>10}")?;
-    }
-    if let (Some(split), Some(seen)) = (&split, &seen) {
-        writeln!(
-            out,
-            "needed (case, tool) pairs split by --seen-in {} ({} tools named there):",
-            seen_files.join(", "),
-            seen.len()
-        )?;
-        for (metric, value) in seen_table(split) {
-            writeln!(out, "  {metric:<44}{value:>10}")?;
-        }
     }
     Ok(())
 }

@@ -28,6 +28,7 @@ fn main() -> ExitCode {
     match cli.command {
         args::Command::Train(_) => keep_freed_memory(),
         args::Command::Serve(_) => few_arenas(),
+        args::Command::Mcp(ref a) if a.http.is_some() => few_arenas(),
         _ => {}
     }
     tracing_subscriber::fmt()

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use decide_engine::Engine;
 use decide_server::{AppState, Limits, ServerConfig};
 
 use crate::args::{Global, ServeArgs};
@@ -18,6 +19,22 @@ fn seconds(option: &str, value: f64) -> anyhow::Result<Duration> {
 }
 
 pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
+    let config = server_config(&args)?;
+    let cache_bytes = args.cache_mb.saturating_mul(1 << 20);
+    let engine = global.engine_with(false, |b| b.cache_bytes(cache_bytes))?;
+    let reranker = reranker(global)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let served = runtime.block_on(serve(&args.addr, engine, reranker, config));
+    // Work still running on the blocking pool past the shutdown deadline is not waited for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
+}
+
+/// The server's settings from the options, each checked.
+fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
     let request_timeout = seconds("--timeout", args.timeout)?;
     let read_timeout = seconds("--read-timeout", args.read_timeout)?;
     let shutdown_timeout = seconds("--shutdown-timeout", args.shutdown_timeout)?;
@@ -32,8 +49,8 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
             "--api-key (or DECIDE_API_KEY): empty; leave it out to serve without a key on loopback"
         );
     }
-    let config = ServerConfig {
-        api_key: args.api_key,
+    Ok(ServerConfig {
+        api_key: args.api_key.clone(),
         max_body_bytes: args.payload_limit,
         max_concurrent_requests: args.max_concurrent_requests,
         request_timeout,
@@ -48,69 +65,67 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         } else {
             args.max_batch_requests.max(1)
         },
-        allowed_hosts: args.allowed_hosts,
-        allowed_origins: args.allowed_origins,
+        allowed_hosts: args.allowed_hosts.clone(),
+        allowed_origins: args.allowed_origins.clone(),
         read_timeout,
         max_connections: args.max_connections,
         shutdown_timeout,
+    })
+}
+
+/// With `--rerank`, the model the rerank endpoints score with (a cross-encoder) instead of the
+/// model's cosines.
+fn reranker(global: &Global) -> anyhow::Result<Option<Engine>> {
+    let Some(name) = &global.rerank else {
+        return Ok(None);
     };
-    let cache_bytes = args.cache_mb.saturating_mul(1 << 20);
-    let engine = global.engine_with(false, |b| b.cache_bytes(cache_bytes))?;
-    // With --rerank, the rerank endpoints score with that model (a cross-encoder) instead of the
-    // model's cosines.
-    let reranker = match &global.rerank {
-        Some(name) => {
-            let mut other = global.clone();
-            other.model = name.clone();
-            other.lexical_weight = None;
-            other.tool_parameters = None;
-            Some(
-                other
-                    .engine(true)
-                    .map_err(|e| anyhow::anyhow!("--rerank {name}: {e}"))?,
-            )
-        }
-        None => None,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let served = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&args.addr)
-            .await
-            .with_context(|| format!("--addr {}", args.addr))?;
-        let local = listener.local_addr()?;
-        if !local.ip().is_loopback() && config.api_key.is_none() {
-            eprintln!(
-                "warning: listening on {local} without --api-key: anyone who can reach it can use it"
-            );
-        }
-        let batching = if config.max_batch_requests > 1 {
-            format!("batching up to {} requests", config.max_batch_requests)
-        } else {
-            "batching off".to_string()
-        };
-        let name = engine.info().name.clone();
-        let device = engine.info().device.clone();
-        let reranking = match &reranker {
-            Some(r) => format!(", reranking with {}", r.info().name),
-            None => String::new(),
-        };
-        let state = AppState::with_reranker(engine, reranker, config)?;
-        tokio::spawn(return_freed_memory());
-        // The address goes to stderr, with the model, so a script (or a test) that binds
-        // port 0 can read where the server is.
+    let mut other = global.clone();
+    other.model = name.clone();
+    other.lexical_weight = None;
+    other.tool_parameters = None;
+    let engine = other
+        .engine(true)
+        .map_err(|e| anyhow::anyhow!("--rerank {name}: {e}"))?;
+    Ok(Some(engine))
+}
+
+/// Binds `addr` and serves until SIGTERM or Ctrl-C.
+async fn serve(
+    addr: &str,
+    engine: Engine,
+    reranker: Option<Engine>,
+    config: ServerConfig,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--addr {addr}"))?;
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() && config.api_key.is_none() {
         eprintln!(
-            "decide serve: {name} on {device}, {batching}{reranking}, listening on http://{local}"
+            "warning: listening on {local} without --api-key: anyone who can reach it can use it"
         );
-        decide_server::serve(listener, state, shutdown()).await?;
-        eprintln!("decide serve: stopped");
-        Ok(())
-    });
-    // Work still running on the blocking pool past the shutdown deadline is not waited for.
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    served
+    }
+    let batching = if config.max_batch_requests > 1 {
+        format!("batching up to {} requests", config.max_batch_requests)
+    } else {
+        "batching off".to_string()
+    };
+    let name = engine.info().name.clone();
+    let device = engine.info().device.clone();
+    let reranking = match &reranker {
+        Some(r) => format!(", reranking with {}", r.info().name),
+        None => String::new(),
+    };
+    let state = AppState::with_reranker(engine, reranker, config)?;
+    tokio::spawn(return_freed_memory());
+    // The address goes to stderr, with the model, so a script (or a test) that binds
+    // port 0 can read where the server is.
+    eprintln!(
+        "decide serve: {name} on {device}, {batching}{reranking}, listening on http://{local}"
+    );
+    decide_server::serve(listener, state, shutdown()).await?;
+    eprintln!("decide serve: stopped");
+    Ok(())
 }
 
 /// A burst of large requests grows the allocator's arenas (one per thread that tokenized or

@@ -11,6 +11,10 @@
 //! always holds a complete, loadable model, also after Ctrl-C. A cross-encoder (`--head
 //! cross-encoder`) is calibrated and measured as it is used: reranking the base model's
 //! `--rerank-top` shortlist.
+//!
+//! The epochs, checkpoints and patience are decide-train's [`Trainer::run`]; this command
+//! gives it the held-out scores and the evaluation through a [`RunObserver`], and shows the
+//! progress.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -20,9 +24,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_engine::{registry, tool_text, Calibration};
+use decide_engine::registry::{self, ModelLocation};
+use decide_engine::tool_text;
 use decide_train::{
-    file_sha256, write_manifest, Example, ExampleSpool, Hyper, ModelMeta, TrainHead, Trainer,
+    file_sha256, EpochEnd, Example, ExampleSpool, Hyper, ModelMeta, Outcome, RunObserver, Schedule,
+    StepProgress, TrainHead, Trainer,
 };
 
 use crate::args::{CasesArgs, FilterArgs, Global, TrainArgs};
@@ -195,33 +201,10 @@ fn interrupt_flag() -> Arc<AtomicBool> {
     flag
 }
 
-/// A path beside `out` named after it: `out`'s file name with `suffix` and this process's id
-/// appended (never replacing an extension: `model.v2` gives `model.v2.partial-PID`, not
-/// `model.partial`), so it cannot be a file of the user's, and this run may delete it.
+/// A path beside `--out` for this run's own files (see [`decide_train::beside`]).
 fn beside(out: &Path, suffix: &str) -> anyhow::Result<PathBuf> {
-    let Some(name) = out.file_name() else {
-        bail!("--out {}: needs a folder name", out.display());
-    };
-    let mut name = name.to_os_string();
-    name.push(format!(".{suffix}-{}", std::process::id()));
-    Ok(out.with_file_name(name))
-}
-
-/// Moves the checkpoint in `scratch` to `out`, replacing what was there (a folder `check_out`
-/// accepted, or the previous epoch's): `out` is moved aside, the checkpoint renamed into its
-/// place, and only then is the old one removed, so `out` is never half written.
-fn publish(scratch: &Path, out: &Path) -> anyhow::Result<()> {
-    let context = || out.display().to_string();
-    if !out.exists() {
-        return std::fs::rename(scratch, out).with_context(context);
-    }
-    let old = beside(out, "old")?;
-    std::fs::rename(out, &old).with_context(context)?;
-    if let Err(e) = std::fs::rename(scratch, out) {
-        let _ = std::fs::rename(&old, out);
-        return Err(e).with_context(context);
-    }
-    std::fs::remove_dir_all(&old).with_context(|| old.display().to_string())
+    decide_train::beside(out, suffix)
+        .ok_or_else(|| anyhow::anyhow!("--out {}: needs a folder name", out.display()))
 }
 
 /// `--out` is replaced by the result: only an empty folder or one written by `decide train`
@@ -243,19 +226,22 @@ fn check_out(out: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
-    let started = Instant::now();
-    // Checked before the data is read: a bad option should not wait on a large file.
-    let last_epoch = match args.stop_after {
+/// The last epoch to run: `--stop-after`, else `--epochs`.
+fn last_epoch(args: &TrainArgs) -> anyhow::Result<usize> {
+    match args.stop_after {
         Some(n) if n == 0 || n > args.epochs => bail!(
             "--stop-after {n}: must be between 1 and --epochs ({})",
             args.epochs
         ),
-        Some(n) => n,
-        None => args.epochs,
-    };
-    // The data first: every error before any model loads. The files are streamed: what stays
-    // in memory is a hash and a place per case.
+        Some(n) => Ok(n),
+        None => Ok(args.epochs),
+    }
+}
+
+/// Reads both files through once, so that every error in the data comes before any model
+/// loads; what stays in memory is a hash and a place per case. Returns the training cases'
+/// count.
+fn check_cases(args: &TrainArgs) -> anyhow::Result<usize> {
     let mut seen = Seen::default();
     let cases = for_each_case(&args.data, args.tools.as_ref(), |at, case, _| {
         seen.add(at, &case);
@@ -264,43 +250,68 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.eval {
         for_each_case(p, args.tools.as_ref(), |at, case, _| seen.check(at, &case))?;
     }
-    drop(seen);
-    check_out(&args.out)?;
-    let head = args.head;
-    let hyper = Hyper {
+    Ok(cases)
+}
+
+fn hyper(args: &TrainArgs) -> Hyper {
+    Hyper {
         epochs: args.epochs,
         learning_rate: args.lr,
         batch_size: args.batch_size,
         max_length: args.max_length,
         seed: args.seed,
         hard_negative_pool: args.hard_negatives,
-        head,
+        head: args.head,
         frozen_layers: args.freeze_layers,
         no_tool_margin: args.no_tool_margin,
         ..Hyper::default()
-    };
-    let trains_no_tool = hyper.no_tool_margin.is_some();
-    let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
-    let location = registry::resolve(&base_spec)?;
-    let with_model = |model: String| {
-        let mut g = global.clone();
-        g.model = model;
-        g.rerank = None;
-        g
-    };
-    let base_model = with_model(base_spec.clone()).decider(true)?;
+    }
+}
 
-    // The texts exactly as the engine will see them: the filter's rendering of the
-    // conversation, and each tool's candidate text. Cases go to a spool file next to --out,
-    // read back a batch at a time; the tools, each once, stay in memory.
-    let mut documents: Vec<String> = Vec::new();
-    let mut doc_index: HashMap<String, usize> = HashMap::new();
-    let spool_path = beside(&args.out, "spool")?;
-    let mut spool = ExampleSpool::create(&spool_path)?;
+/// The global options with `model` in place of `--model`, and no reranker.
+fn with_model(global: &Global, model: String) -> Global {
+    let mut g = global.clone();
+    g.model = model;
+    g.rerank = None;
+    g
+}
+
+/// The tools' texts, each once, with an index to find a text's place.
+#[derive(Default)]
+struct Documents {
+    texts: Vec<String>,
+    index: HashMap<String, usize>,
+}
+
+impl Documents {
+    fn place(&mut self, text: String) -> usize {
+        let next = self.texts.len();
+        let idx = *self.index.entry(text.clone()).or_insert(next);
+        if idx == next {
+            self.texts.push(text);
+        }
+        idx
+    }
+}
+
+/// The training cases as the trainer reads them.
+struct Spooled {
+    documents: Vec<String>,
+    spool: ExampleSpool,
+    /// Cases that need no tool, trained or skipped.
+    no_tool: usize,
+}
+
+/// The texts exactly as the engine will see them: the filter's rendering of the conversation,
+/// and each tool's candidate text. Cases go to a spool file next to `--out`, read back a batch
+/// at a time; the tools, each once, stay in memory.
+fn spool_cases(base: &Decider, args: &TrainArgs, trains_no_tool: bool) -> anyhow::Result<Spooled> {
+    let mut documents = Documents::default();
+    let mut spool = ExampleSpool::create(&beside(&args.out, "spool")?)?;
     let mut no_tool = 0;
-    let tool_parameters = base_model.tool_parameters();
+    let tool_parameters = base.tool_parameters();
     for_each_case(&args.data, args.tools.as_ref(), |at, case, expected| {
-        let provider = build_filter(&base_model, case.tools.clone(), &args.filter)?;
+        let provider = build_filter(base, case.tools.clone(), &args.filter)?;
         let request = provider_request(&case.messages).with_context(|| at.to_string())?;
         let Some(input) = provider.decision_input(&request) else {
             bail!("{at}: the user message has no text");
@@ -314,12 +325,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
                 Vec::new()
             };
             let description = tool.description.as_deref().unwrap_or("");
-            let text = tool_text(&tool.name, description, &arguments);
-            let next = documents.len();
-            let idx = *doc_index.entry(text.clone()).or_insert(next);
-            if idx == next {
-                documents.push(text);
-            }
+            let idx = documents.place(tool_text(&tool.name, description, &arguments));
             if expected.contains(&tool.name) && !positives.contains(&idx) {
                 positives.push(idx);
             }
@@ -340,26 +346,69 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         })?;
         Ok(())
     })?;
-    drop(doc_index);
-    let device = global.device.open()?;
-    let mut trainer = Trainer::from_source(
-        &location.dir,
-        documents,
-        Box::new(spool),
-        hyper.clone(),
-        &device,
-    )
-    .with_context(|| format!("--base {base_spec}"))?;
-    drop(base_model);
+    Ok(Spooled {
+        documents: documents.texts,
+        spool,
+        no_tool,
+    })
+}
 
-    let base_manifest = location.manifest.clone();
+/// The run's numbers: for the manifest and the first line.
+struct Counts {
+    cases: usize,
+    no_tool: usize,
+    pairs: usize,
+    trains_no_tool: bool,
+}
+
+/// The trained model's manifest, as far as it is known before the first epoch.
+fn model_meta(
+    args: &TrainArgs,
+    hyper: &Hyper,
+    base: &ModelLocation,
+    base_spec: &str,
+    tool_parameters: bool,
+) -> ModelMeta {
+    let base_manifest = base.manifest.as_ref();
     let name = args.name.clone().unwrap_or_else(|| {
         args.out
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "trained".into())
     });
-    let mut training = hyper.to_toml();
+    ModelMeta {
+        name,
+        base_hf_id: base_manifest
+            .map(|m| m.hf_id.clone())
+            .unwrap_or_else(|| base_spec.to_string()),
+        base: base_spec.to_string(),
+        head: args.head,
+        max_length: base_manifest
+            .map(|m| m.max_length)
+            .unwrap_or(args.max_length),
+        license: base_manifest.and_then(|m| m.license.clone()),
+        // The lexical weight is on the scale of a cosine; a cross-encoder's logit has its own.
+        lexical_weight: match args.head {
+            TrainHead::BiEncoder => base_manifest
+                .and_then(|m| m.scoring)
+                .map(|s| s.lexical_weight),
+            TrainHead::CrossEncoder => None,
+        },
+        tool_parameters,
+        calibration: None,
+        training: hyper.to_toml(),
+    }
+}
+
+/// The `[training]` table's account of the data: the files and their hashes, the counts, and
+/// where the calibration is fitted.
+fn record_data(
+    meta: &mut ModelMeta,
+    global: &Global,
+    args: &TrainArgs,
+    counts: &Counts,
+) -> anyhow::Result<()> {
+    let training = &mut meta.training;
     training.insert("data".into(), args.data.display().to_string().into());
     training.insert("data_sha256".into(), file_sha256(&args.data)?.into());
     if let Some(p) = &args.eval {
@@ -369,240 +418,300 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.tools {
         training.insert("tools_sha256".into(), file_sha256(p)?.into());
     }
-    training.insert("cases".into(), (cases as i64).into());
-    let skipped = if trains_no_tool { 0 } else { no_tool };
+    training.insert("cases".into(), (counts.cases as i64).into());
+    let skipped = if counts.trains_no_tool {
+        0
+    } else {
+        counts.no_tool
+    };
     training.insert("no_tool_cases_skipped".into(), (skipped as i64).into());
-    training.insert("pairs".into(), (trainer.pairs_per_epoch() as i64).into());
+    training.insert("pairs".into(), (counts.pairs as i64).into());
     training.insert(
         "calibrated_on".into(),
         (if args.eval.is_some() { "eval" } else { "data" }).into(),
     );
-    let shortlist_k = global.rerank_top;
-    if head == TrainHead::CrossEncoder {
+    if args.head == TrainHead::CrossEncoder {
         // Calibrated and measured as it is used: reranking the base's shortlist.
-        training.insert("shortlist".into(), base_spec.clone().into());
-        training.insert("shortlist_top".into(), (shortlist_k as i64).into());
+        training.insert("shortlist".into(), meta.base.clone().into());
+        training.insert("shortlist_top".into(), (global.rerank_top as i64).into());
     }
-    let mut meta = ModelMeta {
-        name,
-        base_hf_id: base_manifest
-            .as_ref()
-            .map(|m| m.hf_id.clone())
-            .unwrap_or_else(|| base_spec.clone()),
-        base: base_spec.clone(),
-        head,
-        max_length: base_manifest
-            .as_ref()
-            .map(|m| m.max_length)
-            .unwrap_or(args.max_length),
-        license: base_manifest.as_ref().and_then(|m| m.license.clone()),
-        // The lexical weight is on the scale of a cosine; a cross-encoder's logit has its own.
-        lexical_weight: match head {
-            TrainHead::BiEncoder => base_manifest
-                .as_ref()
-                .and_then(|m| m.scoring)
-                .map(|s| s.lexical_weight),
-            TrainHead::CrossEncoder => None,
-        },
-        tool_parameters,
-        calibration: None,
-        training,
-    };
+    Ok(())
+}
 
+pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // Checked before the data is read: a bad option should not wait on a large file.
+    let last_epoch = last_epoch(&args)?;
+    let cases = check_cases(&args)?;
+    check_out(&args.out)?;
+    let hyper = hyper(&args);
+    let trains_no_tool = hyper.no_tool_margin.is_some();
+    let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
+    let location = registry::resolve(&base_spec)?;
+    let base_model = with_model(global, base_spec.clone()).decider(true)?;
+    let tool_parameters = base_model.tool_parameters();
+    let spooled = spool_cases(&base_model, &args, trains_no_tool)?;
+    let device = global.device.open()?;
+    let mut trainer = Trainer::from_source(
+        &location.dir,
+        spooled.documents,
+        Box::new(spooled.spool),
+        hyper.clone(),
+        &device,
+    )
+    .with_context(|| format!("--base {base_spec}"))?;
+    drop(base_model);
+    let counts = Counts {
+        cases,
+        no_tool: spooled.no_tool,
+        pairs: trainer.pairs_per_epoch(),
+        trains_no_tool,
+    };
+    let mut meta = model_meta(&args, &hyper, &location, &base_spec, tool_parameters);
+    record_data(&mut meta, global, &args, &counts)?;
+    announce(global, &args, &base_spec, &counts, trainer.total_steps());
+    let mut observer = Observer::new(global, &args, &base_spec, &trainer, last_epoch, started)?;
+    let schedule = Schedule {
+        out: args.out.clone(),
+        last_epoch,
+        patience: args.patience,
+    };
+    let outcome = trainer.run(&schedule, &mut meta, &mut observer)?;
+    observer.bar.finish_and_clear();
+    if let Some(epoch) = outcome.interrupted_in {
+        return Err(interrupted(&args.out, epoch, outcome.kept_epoch).into());
+    }
+    print_result(global, &args, &base_spec, &outcome, started);
+    Ok(())
+}
+
+/// The run's first line: what trains from what, on what, for how long.
+fn announce(global: &Global, args: &TrainArgs, base_spec: &str, counts: &Counts, steps: usize) {
     eprintln!(
-        "training a {} from {base_spec} on {} ({cases} cases, {} pairs, {no_tool} no-tool cases {}) for {} epochs, {} steps, on {}",
-        head.name(),
+        "training a {} from {base_spec} on {} ({} cases, {} pairs, {} no-tool cases {}) for {} epochs, {steps} steps, on {}",
+        args.head.name(),
         args.data.display(),
-        trainer.pairs_per_epoch(),
-        if trains_no_tool {
+        counts.cases,
+        counts.pairs,
+        counts.no_tool,
+        if counts.trains_no_tool {
             "trained against the margin"
         } else {
             "skipped"
         },
         args.epochs,
-        trainer.total_steps(),
         global.device
     );
-    let stop = interrupt_flag();
-    let trainer_steps = trainer.total_steps();
-    let per_epoch = trainer.pairs_per_epoch() as u64;
-    let bar = progress(per_epoch * last_epoch as u64, "training");
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:30}] {pos}/{len} pairs ({per_sec}, eta {eta})",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    // A cross-encoder is calibrated and measured on the base's shortlist, as --rerank uses it;
-    // loaded once, so its tool embeddings stay cached from one epoch to the next.
-    let shortlister = match head {
-        TrainHead::CrossEncoder => Some(with_model(base_spec.clone()).decider(false)?),
-        TrainHead::BiEncoder => None,
-    };
-    // Named for this run only: whatever is at the path was made by this run, and only this
-    // run deletes it.
-    let scratch = beside(&args.out, "partial")?;
-    let mut best: Option<(usize, f64)> = None;
-    let mut since_best = 0;
-    let mut saved_epoch = None;
-    // Without a terminal (a log file, CI) the bar is hidden: a line every 5% of the run
-    // says how far it is instead.
-    let log_every = (trainer_steps / 20).max(1);
-    let log_lines = bar.is_hidden();
-    let mut training_time = std::time::Duration::ZERO;
-    let mut pairs_trained = 0u64;
-    for epoch in 1..=last_epoch {
-        let mut loss_sum = 0.0;
-        let mut steps = 0;
-        let epoch_started = Instant::now();
-        let complete = trainer.run_epoch(&mut |r| {
-            loss_sum += r.loss as f64;
-            steps += 1;
-            pairs_trained += r.examples as u64;
-            if log_lines && r.step % log_every == 0 {
-                eprintln!(
-                    "epoch {epoch}/{}: step {}/{}, loss {:.3}, {:.1} min",
-                    args.epochs,
-                    r.step,
-                    trainer_steps,
-                    loss_sum / steps as f64,
-                    started.elapsed().as_secs_f64() / 60.0
-                );
-            }
-            bar.inc(r.examples as u64);
-            bar.set_message(format!(
-                "epoch {epoch}/{} loss {:.3}",
-                args.epochs,
-                loss_sum / steps as f64
-            ));
-            if stop.load(Ordering::SeqCst) {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        })?;
-        if !complete {
-            bar.finish_and_clear();
-            let _ = std::fs::remove_dir_all(&scratch);
-            return Err(Interrupted(match saved_epoch {
-                Some(e) => format!(
-                    "interrupted in epoch {epoch}: {} holds epoch {e}, the last complete checkpoint, and loads with --model",
-                    args.out.display()
-                ),
-                None => format!("interrupted in epoch {epoch}, before any epoch completed: nothing was written"),
-            })
-            .into());
+}
+
+/// What `decide train` does for the run: the progress bar (or, without a terminal, a line
+/// every 5% of the run), stopping on Ctrl-C, and each checkpoint's calibration pairs and
+/// evaluation through the same code as `decide calibrate` and `decide eval`.
+struct Observer<'a> {
+    global: &'a Global,
+    args: &'a TrainArgs,
+    base_spec: &'a str,
+    bar: indicatif::ProgressBar,
+    stop: Arc<AtomicBool>,
+    started: Instant,
+    total_steps: usize,
+    /// Without a terminal (a log file, CI) the bar is hidden: a line every `log_every` steps
+    /// (5% of the run) says how far it is instead.
+    log_lines: bool,
+    log_every: usize,
+    /// A cross-encoder is calibrated and measured on the base's shortlist, as --rerank uses
+    /// it; loaded once, so its tool embeddings stay cached from one epoch to the next.
+    shortlister: Option<Decider>,
+    /// The evaluation of the current checkpoint, for its epoch's line.
+    measured: String,
+}
+
+impl<'a> Observer<'a> {
+    fn new(
+        global: &'a Global,
+        args: &'a TrainArgs,
+        base_spec: &'a str,
+        trainer: &Trainer,
+        last_epoch: usize,
+        started: Instant,
+    ) -> anyhow::Result<Self> {
+        let stop = interrupt_flag();
+        let per_epoch = trainer.pairs_per_epoch() as u64;
+        let bar = progress(per_epoch * last_epoch as u64, "training");
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {pos}/{len} pairs ({per_sec}, eta {eta})",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
         }
-        training_time += epoch_started.elapsed();
-        let loss = loss_sum / steps.max(1) as f64;
-        // Checkpoint, calibrate, measure.
-        meta.calibration = None;
-        meta.training
-            .insert("epochs_run".into(), (epoch as i64).into());
-        meta.training.insert("epoch".into(), (epoch as i64).into());
-        meta.training.insert("loss".into(), loss.into());
-        trainer.save(&scratch, &meta)?;
-        let scratch_spec = scratch.display().to_string();
-        let uncalibrated = with_model(scratch_spec.clone()).decider(true)?;
-        let shortlisted = shortlister.as_ref().map(|b| (b, shortlist_k));
-        let held_out = args.eval.as_deref().unwrap_or(&args.data);
-        let (scores, labels) = raw_scores(
+        let log_lines = bar.is_hidden();
+        let shortlister = match args.head {
+            TrainHead::CrossEncoder => {
+                Some(with_model(global, base_spec.to_string()).decider(false)?)
+            }
+            TrainHead::BiEncoder => None,
+        };
+        Ok(Self {
+            global,
+            args,
+            base_spec,
+            bar,
+            stop,
+            started,
+            total_steps: trainer.total_steps(),
+            log_lines,
+            log_every: (trainer.total_steps() / 20).max(1),
+            shortlister,
+            measured: String::new(),
+        })
+    }
+
+    /// The checkpoint in `dir` as a model the commands load.
+    fn load(&self, dir: &Path, allow_uncalibrated: bool) -> anyhow::Result<Decider> {
+        with_model(self.global, dir.display().to_string()).decider(allow_uncalibrated)
+    }
+}
+
+impl RunObserver for Observer<'_> {
+    type Error = anyhow::Error;
+
+    fn on_step(&mut self, p: &StepProgress<'_>) -> ControlFlow<()> {
+        let epochs = self.args.epochs;
+        if self.log_lines && p.step.step.is_multiple_of(self.log_every) {
+            eprintln!(
+                "epoch {}/{epochs}: step {}/{}, loss {:.3}, {:.1} min",
+                p.epoch,
+                p.step.step,
+                self.total_steps,
+                p.epoch_loss,
+                self.started.elapsed().as_secs_f64() / 60.0
+            );
+        }
+        self.bar.inc(p.step.examples as u64);
+        self.bar.set_message(format!(
+            "epoch {}/{epochs} loss {:.3}",
+            p.epoch, p.epoch_loss
+        ));
+        if self.stop.load(Ordering::SeqCst) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    fn calibration_pairs(&mut self, checkpoint: &Path) -> anyhow::Result<(Vec<f64>, Vec<bool>)> {
+        let uncalibrated = self.load(checkpoint, true)?;
+        let shortlisted = self
+            .shortlister
+            .as_ref()
+            .map(|b| (b, self.global.rerank_top));
+        let held_out = self.args.eval.as_deref().unwrap_or(&self.args.data);
+        raw_scores(
             &uncalibrated,
             held_out,
-            args.tools.as_ref(),
-            &args.filter,
+            self.args.tools.as_ref(),
+            &self.args.filter,
             shortlisted,
-        )?;
-        drop(uncalibrated);
-        let Some(fit) = Calibration::fit(&scores, &labels) else {
-            bail!("calibration needs both needed and unneeded tools among the held-out cases");
-        };
-        meta.calibration = Some(fit);
-        write_manifest(&scratch, &meta)?;
-        let mut line = format!(
-            "epoch {epoch}/{}: loss {loss:.4}, calibration a {:.3} b {:.3}",
-            args.epochs, fit.a, fit.b
-        );
-        let keep = if let Some(path) = &args.eval {
-            let trained = with_model(scratch_spec).decider(false)?;
-            let model = match shortlister.clone() {
-                Some(base) => Decider::cascade(base, trained, shortlist_k)?,
-                None => trained,
-            };
-            let reader = Cases::open(&CasesArgs {
-                data: path.clone(),
-                tools: args.tools.clone(),
-            })?;
-            let report = crate::eval::evaluate_cases(&model, reader, &args.filter, path)?;
-            let r = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.3}"));
-            line.push_str(&format!(
-                "; eval{} recall@5 {} recall@10 {} MRR {}",
-                if head == TrainHead::CrossEncoder {
-                    format!(" (reranking {base_spec}'s top {shortlist_k})")
-                } else {
-                    String::new()
-                },
-                r(report.recall_at_5),
-                r(report.recall_at_10),
-                r(report.mrr)
-            ));
-            let score = report.mrr.unwrap_or(0.0);
-            if best.is_none_or(|(_, b)| score > b) {
-                best = Some((epoch, score));
-                true
-            } else {
-                false
-            }
-        } else {
-            best = Some((epoch, -loss));
-            true
-        };
-        if keep {
-            publish(&scratch, &args.out)?;
-            saved_epoch = Some(epoch);
-            since_best = 0;
-            line.push_str(" (kept)");
-        } else {
-            let _ = std::fs::remove_dir_all(&scratch);
-            since_best += 1;
-        }
-        bar.suspend(|| eprintln!("{line}"));
-        if args.eval.is_some() && since_best >= args.patience {
-            bar.suspend(|| {
-                eprintln!(
-                    "no better epoch in {} epochs: stopping early",
-                    args.patience
-                )
-            });
-            break;
-        }
+        )
     }
-    bar.finish_and_clear();
+
+    fn measure(&mut self, checkpoint: &Path) -> anyhow::Result<Option<f64>> {
+        let Some(path) = &self.args.eval else {
+            return Ok(None);
+        };
+        let trained = self.load(checkpoint, false)?;
+        let k = self.global.rerank_top;
+        let model = match self.shortlister.clone() {
+            Some(base) => Decider::cascade(base, trained, k)?,
+            None => trained,
+        };
+        let reader = Cases::open(&CasesArgs {
+            data: path.clone(),
+            tools: self.args.tools.clone(),
+        })?;
+        let report = crate::eval::evaluate_cases(&model, reader, &self.args.filter, path)?;
+        let r = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.3}"));
+        self.measured = format!(
+            "; eval{} recall@5 {} recall@10 {} MRR {}",
+            if self.args.head == TrainHead::CrossEncoder {
+                format!(" (reranking {}'s top {k})", self.base_spec)
+            } else {
+                String::new()
+            },
+            r(report.recall_at_5),
+            r(report.recall_at_10),
+            r(report.mrr)
+        );
+        Ok(Some(report.mrr.unwrap_or(0.0)))
+    }
+
+    fn on_epoch_end(&mut self, end: &EpochEnd) {
+        let line = format!(
+            "epoch {}/{}: loss {:.4}, calibration a {:.3} b {:.3}{}{}",
+            end.epoch,
+            self.args.epochs,
+            end.loss,
+            end.calibration.a,
+            end.calibration.b,
+            std::mem::take(&mut self.measured),
+            if end.kept { " (kept)" } else { "" }
+        );
+        self.bar.suspend(|| eprintln!("{line}"));
+    }
+
+    fn on_early_stop(&mut self, patience: usize) {
+        self.bar
+            .suspend(|| eprintln!("no better epoch in {patience} epochs: stopping early"));
+    }
+}
+
+/// Stopped by Ctrl-C in `epoch`: what `--out` holds now.
+fn interrupted(out: &Path, epoch: usize, kept: Option<usize>) -> Interrupted {
+    Interrupted(match kept {
+        Some(e) => format!(
+            "interrupted in epoch {epoch}: {} holds epoch {e}, the last complete checkpoint, and loads with --model",
+            out.display()
+        ),
+        None => format!(
+            "interrupted in epoch {epoch}, before any epoch completed: nothing was written"
+        ),
+    })
+}
+
+/// Where the model is and how to use it, and what the run cost.
+fn print_result(
+    global: &Global,
+    args: &TrainArgs,
+    base_spec: &str,
+    outcome: &Outcome,
+    started: Instant,
+) {
     let minutes = started.elapsed().as_secs_f64() / 60.0;
-    let usage = match head {
+    let usage = match args.head {
         TrainHead::BiEncoder => format!("--model {}", args.out.display()),
         TrainHead::CrossEncoder => format!(
-            "--model {base_spec} --rerank {} --rerank-top {shortlist_k}",
-            args.out.display()
+            "--model {base_spec} --rerank {} --rerank-top {}",
+            args.out.display(),
+            global.rerank_top
         ),
     };
     println!(
         "wrote {} (epoch {} of {}) in {minutes:.1} min; use it with {usage}",
         args.out.display(),
-        saved_epoch.unwrap_or(0),
+        outcome.kept_epoch.unwrap_or(0),
         args.epochs,
     );
     // What the run cost, for comparing recipes and machines: the epochs themselves (hard-negative
     // mining included, checkpoints and evaluation not) and the process's peak memory.
-    let seconds = training_time.as_secs_f64();
+    let seconds = outcome.training_time.as_secs_f64();
+    let pairs = outcome.pairs_trained;
     println!(
-        "trained {pairs_trained} pairs in {:.1} min ({:.1} pairs/s){}",
+        "trained {pairs} pairs in {:.1} min ({:.1} pairs/s){}",
         seconds / 60.0,
-        pairs_trained as f64 / seconds.max(1e-9),
+        pairs as f64 / seconds.max(1e-9),
         peak_memory()
             .map(|gb| format!(", peak memory {gb:.2} GB"))
             .unwrap_or_default()
     );
-    Ok(())
 }
 
 #[cfg(test)]

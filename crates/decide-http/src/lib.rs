@@ -34,16 +34,26 @@
 //! other answers of its request slightly too.)
 //! The wire `model` is returned beside the request, not inside it: what a model name means
 //! (an alias of the one loaded model, or an error) is the server's decision.
+//!
+//! **What the servers share.** `decide serve` and `decide mcp --http` guard and serve HTTP the
+//! same way: the API key ([`ApiKey`]), the `Host` and `Origin` checks ([`guard`]), and, with the
+//! `server` feature, the connection loop with its timeouts, connection cap and shutdown deadline
+//! ([`server`]). [`unique_keys`] reads JSON that names each key once, as the gateway reads its
+//! requests and `mcpServers` files.
 #![deny(missing_docs)]
 
 mod auth;
 #[cfg(feature = "client")]
 mod client;
+pub mod guard;
 mod json;
 pub mod openai;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod systemone;
 #[cfg(test)]
 mod tests;
+pub mod unique_keys;
 
 use std::fmt;
 

@@ -39,11 +39,15 @@
 #![deny(missing_docs)]
 
 mod gateway;
+mod stdio;
 
+/// The read timeout, connection cap and shutdown deadline of [`HttpOptions::connections`].
+pub use decide_http::server::ConnectionLimits;
 pub use gateway::{
-    serve_http, serve_stdio, Expose, Gateway, GatewayOptions, ServerSpec, ServersConfig,
-    SEARCH_TOOLS,
+    serve_http, serve_stdio, Expose, Gateway, GatewayOptions, HttpOptions, ServerSpec,
+    ServersConfig, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT, SEARCH_TOOLS,
 };
+pub use stdio::MAX_MESSAGE_BYTES;
 
 use std::borrow::Cow;
 use std::sync::{Arc, RwLock};
@@ -57,7 +61,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResult, ContentBlock, MetaObject, RequestMetaObject, Tool,
 };
 use rmcp::service::{Peer, RunningService};
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Map, Value};
 
@@ -99,6 +103,19 @@ pub enum McpError {
         what: String,
         /// The server's error, or why the session ended.
         message: String,
+    },
+    /// The server's answer was over [`MAX_MESSAGE_BYTES`], the transport's limit on one message, and was dropped
+    /// unread; the server is still up.
+    #[error("MCP server {server}: the answer to {what} is {bytes} bytes, over the limit of {} MiB on one message", limit >> 20)]
+    TooLarge {
+        /// The server's name, or its command or URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// The size of the answer, its newline included.
+        bytes: usize,
+        /// The limit, in bytes.
+        limit: usize,
     },
     /// The server refused the request with a JSON-RPC error (an unknown tool, invalid arguments): the server is
     /// up, the request was wrong.
@@ -142,7 +159,8 @@ struct Session {
     server: String,
     timeout: Duration,
     /// Dropped after `service` (fields drop in order): the session's end first closes the server's input, then
-    /// whatever is left of its process group goes.
+    /// the server goes, then whatever is left of its process group.
+    _child: Option<stdio::Child>,
     _process_group: Option<ProcessGroup>,
 }
 
@@ -203,11 +221,19 @@ impl Session {
                 what,
                 timeout: self.timeout,
             }),
-            Ok(Err(rmcp::ServiceError::McpError(error))) => Err(McpError::Refused {
-                server: self.server.clone(),
-                what,
-                error,
-            }),
+            Ok(Err(rmcp::ServiceError::McpError(error))) => match stdio::too_large_answer(&error) {
+                Some((bytes, limit)) => Err(McpError::TooLarge {
+                    server: self.server.clone(),
+                    what,
+                    bytes,
+                    limit,
+                }),
+                None => Err(McpError::Refused {
+                    server: self.server.clone(),
+                    what,
+                    error,
+                }),
+            },
             Ok(Err(error)) => Err(McpError::Request {
                 server: self.server.clone(),
                 what,
@@ -311,6 +337,7 @@ impl McpError {
             Self::Connect { server, .. }
             | Self::Timeout { server, .. }
             | Self::Request { server, .. }
+            | Self::TooLarge { server, .. }
             | Self::Refused { server, .. } => *server = name.to_owned(),
         }
         self
@@ -398,10 +425,13 @@ impl McpToolProvider {
         // The group's leader is the command; killing the group at drop reaches the server a launcher started.
         #[cfg(unix)]
         process.wrap(process_wrap::tokio::ProcessGroup::leader());
-        let transport = TokioChildProcess::new(process)
+        // Not rmcp's own child transport: the relay between the server's output and rmcp answers a request whose
+        // answer is over the limit on one message, which rmcp would drop and leave waiting (see `stdio`).
+        let (child, transport) = stdio::spawn(process)
             .map_err(|error| connect_error(format!("cannot start it: {error}")))?;
         // On Unix the child leads its own group, so its pid is the group's id.
-        let group = transport.id().filter(|_| cfg!(unix)).map(ProcessGroup);
+        let group = child.id().filter(|_| cfg!(unix)).map(ProcessGroup);
+        let child = Some(child);
         let service = tokio::time::timeout(options.timeout, ().serve(transport))
             .await
             .map_err(|_| McpError::Timeout {
@@ -410,7 +440,7 @@ impl McpToolProvider {
                 timeout: options.timeout,
             })?
             .map_err(|error| connect_error(error.to_string()))?;
-        Self::connected(service, server, options, group).await
+        Self::connected(service, server, options, child, group).await
     }
 
     /// Connects to the streamable HTTP MCP endpoint at `url` (e.g. `http://localhost:3001/mcp`) and lists its
@@ -428,13 +458,14 @@ impl McpToolProvider {
                 server: url.to_owned(),
                 message: error.to_string(),
             })?;
-        Self::connected(service, url.to_owned(), options, None).await
+        Self::connected(service, url.to_owned(), options, None, None).await
     }
 
     async fn connected(
         service: RunningService<RoleClient, ()>,
         address: String,
         options: McpOptions,
+        child: Option<stdio::Child>,
         process_group: Option<ProcessGroup>,
     ) -> Result<Self, McpError> {
         let server = service
@@ -447,6 +478,7 @@ impl McpToolProvider {
             runtime: tokio::runtime::Handle::current(),
             server,
             timeout: options.timeout,
+            _child: child,
             _process_group: process_group,
         });
         let provider = Self {

@@ -1,7 +1,7 @@
 //! The cross-request batching queue and the decision model that goes through it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -25,6 +25,25 @@ pub struct BatchConfig {
     pub max_batch_requests: usize,
     /// Requests that may wait; past it, [`Overloaded`].
     pub queue_capacity: usize,
+    /// The padded token budget of the [`Lane::Bulk`] rows of one forward call. A decision that
+    /// arrives while a pass runs waits for that pass: bulk rows in small passes keep that wait
+    /// short, where one pass of the whole budget takes seconds on a few CPU cores.
+    pub bulk_pass_tokens: usize,
+    /// The tokens of [`Lane::Bulk`] rows that may wait or run at once; a bulk request that
+    /// would go past it gets [`Overloaded`], so that the queue admits only the bulk work it can
+    /// run within the request timeout. `usize::MAX` admits any.
+    pub max_bulk_tokens: usize,
+}
+
+/// Which line a request's rows wait in. Every forward call serves the decisions waiting
+/// before any bulk row, so a 27-tool selection is not queued behind thousands of texts to
+/// embed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Decisions (select, route, the decision formats): few rows, a caller waiting on each.
+    Decision,
+    /// Embeddings and reranking: many rows a request, throughput over latency.
+    Bulk,
 }
 
 /// The queue is full: answer 503 and let the client retry.
@@ -40,6 +59,7 @@ type Reply = oneshot::Sender<Outputs>;
 pub type Pending = oneshot::Receiver<Outputs>;
 
 struct Job {
+    lane: Lane,
     rows: Vec<EncodedRow>,
     /// Rows already run: a request larger than one forward call runs in pieces.
     done: usize,
@@ -87,6 +107,10 @@ pub(crate) fn with_cancel<T>(flag: Arc<AtomicBool>, work: impl FnOnce() -> T) ->
 pub struct Batcher {
     tx: SyncSender<Job>,
     metrics: Arc<Metrics>,
+    /// Tokens of bulk rows queued or running, against [`BatchConfig::max_bulk_tokens`].
+    bulk_tokens: Arc<AtomicUsize>,
+    max_bulk_tokens: usize,
+    max_batch_tokens: usize,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -104,23 +128,45 @@ impl Batcher {
     ) -> Result<Self, ServerError> {
         let (tx, rx) = mpsc::sync_channel(config.queue_capacity.max(1));
         let worker_metrics = metrics.clone();
+        let bulk_tokens = Arc::new(AtomicUsize::new(0));
+        let worker_bulk = bulk_tokens.clone();
         std::thread::Builder::new()
             .name("decide-batcher".into())
-            .spawn(move || run(engine, config, rx, worker_metrics))
+            .spawn(move || run(engine, config, rx, worker_metrics, worker_bulk))
             .map_err(ServerError::Thread)?;
-        Ok(Self { tx, metrics })
+        Ok(Self {
+            tx,
+            metrics,
+            bulk_tokens,
+            max_bulk_tokens: config.max_bulk_tokens,
+            max_batch_tokens: config.max_batch_tokens,
+        })
+    }
+
+    /// The lane of a decision's rows: [`Lane::Decision`], unless they need more than one forward
+    /// call of the whole budget (64 questions of 255 options, say). Such a request waits in the
+    /// bulk lane under its admission limit, so that it cannot hold up the small decisions that
+    /// arrive while it runs.
+    pub fn decision_lane(&self, rows: &[EncodedRow]) -> Lane {
+        let longest = rows.iter().map(EncodedRow::len).max().unwrap_or(0);
+        if rows.len().saturating_mul(longest) > self.max_batch_tokens {
+            Lane::Bulk
+        } else {
+            Lane::Decision
+        }
     }
 
     /// Queues one request's rows; the receiver gets one output per row, in order. Dropping
     /// the receiver drops the rows not yet run.
-    pub fn submit(&self, rows: Vec<EncodedRow>) -> Result<Pending, Overloaded> {
-        self.submit_cancellable(rows, None)
+    pub fn submit(&self, rows: Vec<EncodedRow>, lane: Lane) -> Result<Pending, Overloaded> {
+        self.submit_cancellable(rows, None, lane)
     }
 
     fn submit_cancellable(
         &self,
         rows: Vec<EncodedRow>,
         cancel: Option<Arc<AtomicBool>>,
+        lane: Lane,
     ) -> Result<Pending, Overloaded> {
         let (reply, rx) = oneshot::channel();
         if rows.is_empty() {
@@ -128,9 +174,28 @@ impl Batcher {
             let _ = reply.send(Ok(Vec::new()));
             return Ok(rx);
         }
+        let tokens = if lane == Lane::Bulk {
+            let tokens = rows.iter().map(EncodedRow::len).sum::<usize>();
+            let admitted =
+                self.bulk_tokens
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                        // One request alone is always admitted: its own size is bounded by the
+                        // request limits, and refusing it would refuse it for ever.
+                        (queued == 0 || queued.saturating_add(tokens) <= self.max_bulk_tokens)
+                            .then_some(queued + tokens)
+                    });
+            if admitted.is_err() {
+                self.metrics.observe_rejected();
+                return Err(Overloaded);
+            }
+            tokens
+        } else {
+            0
+        };
         let depth = self.metrics.queue_depth();
         depth.fetch_add(1, Ordering::Relaxed);
         match self.tx.try_send(Job {
+            lane,
             outputs: Vec::with_capacity(rows.len()),
             rows,
             done: 0,
@@ -140,6 +205,7 @@ impl Batcher {
             Ok(()) => Ok(rx),
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 depth.fetch_sub(1, Ordering::Relaxed);
+                self.bulk_tokens.fetch_sub(tokens, Ordering::AcqRel);
                 self.metrics.observe_rejected();
                 Err(Overloaded)
             }
@@ -147,7 +213,73 @@ impl Batcher {
     }
 }
 
-fn run(engine: Engine, config: BatchConfig, rx: Receiver<Job>, metrics: Arc<Metrics>) {
+/// The tokens of a job's rows from `from` on: what its bulk rows still hold of the queue's
+/// bulk budget.
+fn bulk_tokens_left(job: &Job, from: usize) -> usize {
+    match job.lane {
+        Lane::Bulk if from < job.rows.len() => job.rows[from..].iter().map(EncodedRow::len).sum(),
+        _ => 0,
+    }
+}
+
+/// The rows of one forward call: each decision's rows from the oldest on, then bulk rows,
+/// within the padded budget (bulk rows within their smaller one too): `(job, end)` for each
+/// job that runs rows up to `end`.
+fn pick(waiting: &VecDeque<Job>, config: &BatchConfig, max_requests: usize) -> Vec<(usize, usize)> {
+    let mut picks: Vec<(usize, usize)> = Vec::new();
+    let (mut rows, mut longest) = (0usize, 0usize);
+    let (mut bulk_rows, mut bulk_longest) = (0usize, 0usize);
+    let order = waiting
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.lane == Lane::Decision)
+        .chain(
+            waiting
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| j.lane == Lane::Bulk),
+        );
+    for (i, job) in order {
+        if picks.len() == max_requests {
+            break;
+        }
+        let bulk = job.lane == Lane::Bulk;
+        let mut end = job.done;
+        while end < job.rows.len() {
+            let len = job.rows[end].len();
+            let l = longest.max(len);
+            if rows > 0 && (rows + 1) * l > config.max_batch_tokens {
+                break;
+            }
+            if bulk {
+                let bl = bulk_longest.max(len);
+                if bulk_rows > 0 && (bulk_rows + 1) * bl > config.bulk_pass_tokens {
+                    break;
+                }
+                bulk_rows += 1;
+                bulk_longest = bl;
+            }
+            rows += 1;
+            longest = l;
+            end += 1;
+        }
+        if end > job.done {
+            picks.push((i, end));
+        }
+        if end < job.rows.len() {
+            break;
+        }
+    }
+    picks
+}
+
+fn run(
+    engine: Engine,
+    config: BatchConfig,
+    rx: Receiver<Job>,
+    metrics: Arc<Metrics>,
+    bulk_tokens: Arc<AtomicUsize>,
+) {
     let depth = metrics.queue_depth();
     let max_requests = config.max_batch_requests.max(1);
     let mut waiting: VecDeque<Job> = VecDeque::new();
@@ -162,7 +294,8 @@ fn run(engine: Engine, config: BatchConfig, rx: Receiver<Job>, metrics: Arc<Metr
             }
         }
         // Only as many as one call can serve leave the channel: the rest stay bounded by it.
-        while waiting.len() < max_requests {
+        // A bulk job does not count, so that decisions behind it reach the front.
+        while waiting.iter().filter(|j| j.lane == Lane::Decision).count() < max_requests {
             let Ok(job) = rx.try_recv() else { break };
             depth.fetch_sub(1, Ordering::Relaxed);
             waiting.push_back(job);
@@ -171,34 +304,25 @@ fn run(engine: Engine, config: BatchConfig, rx: Receiver<Job>, metrics: Arc<Metr
             let gone = job.abandoned();
             if gone {
                 metrics.observe_cancelled(job.rows.len() - job.done);
+                bulk_tokens.fetch_sub(bulk_tokens_left(job, job.done), Ordering::AcqRel);
             }
             !gone
         });
         if waiting.is_empty() {
             continue;
         }
-        // Rows from the oldest requests on, as many as the padded budget holds (at least one).
-        let mut picks: Vec<(usize, usize)> = Vec::new();
-        let (mut rows, mut longest) = (0usize, 0usize);
-        for (i, job) in waiting.iter().enumerate().take(max_requests) {
-            let mut end = job.done;
-            while end < job.rows.len() {
-                let l = longest.max(job.rows[end].len());
-                if rows > 0 && (rows + 1) * l > config.max_batch_tokens {
-                    break;
-                }
-                rows += 1;
-                longest = l;
-                end += 1;
-            }
-            if end > job.done {
-                picks.push((i, end));
-            }
-            if end < job.rows.len() {
-                break;
-            }
-        }
+        let picks = pick(&waiting, &config, max_requests);
+        let before: Vec<usize> = picks.iter().map(|&(i, _)| waiting[i].done).collect();
         run_batch(&engine, &mut waiting, &picks, &metrics);
+        for (&(i, end), from) in picks.iter().zip(before) {
+            let job = &waiting[i];
+            let ran = if job.done == usize::MAX {
+                bulk_tokens_left(job, from)
+            } else {
+                bulk_tokens_left(job, from) - bulk_tokens_left(job, end)
+            };
+            bulk_tokens.fetch_sub(ran, Ordering::AcqRel);
+        }
         // Finished requests leave; one that ran only a piece goes to the back of the line.
         let mut rest = VecDeque::with_capacity(waiting.len());
         let mut unfinished = Vec::new();
@@ -317,10 +441,14 @@ impl BatchedEngine {
 
     /// Runs `rows` through the model in the queue, with other requests' rows: one output per
     /// row, in order. A full queue fails with a [`DecisionError::Model`] wrapping [`Overloaded`].
-    pub async fn forward(&self, rows: Vec<EncodedRow>) -> Result<Vec<Vec<f32>>, DecisionError> {
+    pub async fn forward(
+        &self,
+        rows: Vec<EncodedRow>,
+        lane: Lane,
+    ) -> Result<Vec<Vec<f32>>, DecisionError> {
         let rx = self
             .batcher
-            .submit(rows)
+            .submit(rows, lane)
             .map_err(DecisionError::from_model_error)?;
         received(rx.await)
     }
@@ -331,11 +459,12 @@ impl BatchedEngine {
     pub(crate) fn forward_blocking(
         &self,
         rows: Vec<EncodedRow>,
+        lane: Lane,
     ) -> Result<Vec<Vec<f32>>, DecisionError> {
         let cancel = CANCEL.with(|c| c.borrow().clone());
         let rx = self
             .batcher
-            .submit_cancellable(rows, cancel)
+            .submit_cancellable(rows, cancel, lane)
             .map_err(DecisionError::from_model_error)?;
         received(rx.blocking_recv())
     }
@@ -349,7 +478,9 @@ impl BatchedEngine {
 impl DecisionModel for BatchedEngine {
     fn do_decide(&self, request: &DecisionRequest) -> Result<DecisionResponse, DecisionError> {
         let mut staged = self.engine.stage_decision(request)?;
-        let outputs = self.forward_blocking(staged.take_rows())?;
+        let rows = staged.take_rows();
+        let lane = self.batcher.decision_lane(&rows);
+        let outputs = self.forward_blocking(rows, lane)?;
         staged.finish(outputs)
     }
 
@@ -362,7 +493,9 @@ impl DecisionModel for BatchedEngine {
             let mut staged = tokio::task::spawn_blocking(move || engine.stage_decision(&request))
                 .await
                 .map_err(|e| queue_error(e.to_string()))??;
-            let outputs = this.forward(staged.take_rows()).await?;
+            let rows = staged.take_rows();
+            let lane = this.batcher.decision_lane(&rows);
+            let outputs = this.forward(rows, lane).await?;
             staged.finish(outputs)
         })
     }

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api_error::{ApiError, TeiError};
+use crate::batcher::Lane;
 use crate::limits::{blocking, Body};
 use crate::AppState;
 
@@ -106,7 +107,7 @@ async fn embed(
         }
         let tokens = staged.iter().map(|e| e.row.len()).sum();
         let rows = staged.into_iter().map(|e| e.row).collect();
-        let vectors = model.forward_blocking(rows)?;
+        let vectors = model.forward_blocking(rows, Lane::Bulk)?;
         Ok(Embedded { vectors, tokens })
     })
     .await

@@ -76,16 +76,14 @@ mod tasks;
 mod tool_search;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-pub use batcher::{BatchConfig, BatchedEngine, Batcher, Overloaded, Pending};
+pub use batcher::{BatchConfig, BatchedEngine, Batcher, Lane, Overloaded, Pending};
 pub use decide_http::Limits;
 pub use error::ServerError;
 pub use metrics::Metrics;
 pub use state::AppState;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 /// How the server behaves; every field has a default.
 #[derive(Debug, Clone)]
@@ -164,7 +162,9 @@ pub fn router(state: AppState) -> axum::Router {
 ///
 /// Each connection must send a request's headers within `read_timeout` (an idle keep-alive
 /// connection is closed after it too), and at most `max_connections` are served at once: idle
-/// or half-sent connections cannot exhaust the server or hold its shutdown.
+/// or half-sent connections cannot exhaust the server or hold its shutdown. While it drains,
+/// every answer carries `Connection: close`. The loop is [`decide_http::server::serve`], which
+/// `decide mcp --http` runs too.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -172,51 +172,12 @@ pub async fn serve(
 ) -> Result<(), ServerError> {
     state.set_bound(listener.local_addr().map_err(ServerError::Io)?);
     let config = state.config().clone();
-    let app = router(state);
-    let max = config.max_connections.clamp(1, Semaphore::MAX_PERMITS) as u32;
-    let connections = Arc::new(Semaphore::new(max as usize));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => permit.map_err(|e| ServerError::Io(std::io::Error::other(e)))?,
-            () = &mut shutdown => break,
-        };
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                // Out of file descriptors and the like: wait for connections to close.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let mut stop = stop_rx.clone();
-        let read_timeout = config.read_timeout;
-        tokio::spawn(async move {
-            let _permit = permit;
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(read_timeout);
-            let connection = builder.serve_connection(io, service);
-            let mut connection = std::pin::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                _ = async { let _ = stop.wait_for(|s| *s).await; } => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
-            }
-        });
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    // Every connection holds a permit until it ends: all of them back means all closed.
-    let _ = tokio::time::timeout(config.shutdown_timeout, connections.acquire_many(max)).await;
-    Ok(())
+    let limits = decide_http::server::ConnectionLimits {
+        read_timeout: config.read_timeout,
+        max_connections: config.max_connections,
+        shutdown_timeout: config.shutdown_timeout,
+    };
+    decide_http::server::serve(listener, router(state), limits, shutdown)
+        .await
+        .map_err(ServerError::Io)
 }

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api_error::{ApiError, TeiError};
+use crate::batcher::Lane;
 use crate::embeddings::{check_model, texts, MAX_INPUTS};
 use crate::limits::{blocking, Body};
 use crate::AppState;
@@ -58,7 +59,7 @@ async fn rank(state: &AppState, query: String, documents: Vec<String>) -> Result
         let engine = queue.engine();
         let refs: Vec<&str> = documents.iter().map(String::as_str).collect();
         let mut staged = engine.stage_scores(&query, &refs)?;
-        let outputs = queue.forward_blocking(staged.take_rows())?;
+        let outputs = queue.forward_blocking(staged.take_rows(), Lane::Bulk)?;
         let scores = engine.finish_scores(staged, outputs)?;
         let calibration = engine.calibration().ok();
         let mut ranks: Vec<Rank> = scores

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use decide_engine::Engine;
 use decide_http::{ApiKey, Limits};
@@ -14,6 +15,50 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::api_error::ApiError;
 use crate::batcher::{BatchConfig, BatchedEngine, Batcher};
 use crate::{Metrics, ServerConfig, ServerError};
+
+/// How long one forward call of bulk rows may take: a decision that arrives meanwhile waits
+/// about this long for its turn.
+const BULK_PASS: Duration = Duration::from_millis(50);
+
+/// The bulk rows of one forward call and the bulk tokens the queue admits at once, from the
+/// tokens a second this engine runs on this machine (one probe pass, timed at start): passes of
+/// about [`BULK_PASS`], and at most what runs in half the request timeout, the other half left
+/// to the decisions that go first. A probe that fails leaves the engine's own budget, unbounded.
+fn bulk_budget(engine: &Engine, timeout: Duration) -> (usize, usize) {
+    let texts: Vec<String> = (0..16)
+        .map(|i| {
+            format!(
+                "probe {i}: {}",
+                "the quick brown fox jumps over the lazy dog ".repeat(6)
+            )
+        })
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let rows = match engine.stage_embeddings(&refs) {
+        Ok(staged) => staged.into_iter().map(|e| e.row).collect::<Vec<_>>(),
+        Err(_) => match engine.stage_scores("probe", &refs) {
+            Ok(mut staged) => staged.take_rows(),
+            Err(_) => Vec::new(),
+        },
+    };
+    let tokens: usize = rows.iter().map(|r| r.len()).sum();
+    let started = Instant::now();
+    let ran = !rows.is_empty() && engine.forward_rows(&rows).is_ok();
+    let elapsed = started.elapsed().as_secs_f64();
+    if !ran || elapsed <= 0.0 {
+        return (engine.max_batch_tokens(), usize::MAX);
+    }
+    let per_second = tokens as f64 / elapsed;
+    let pass = (per_second * BULK_PASS.as_secs_f64()) as usize;
+    let admitted = per_second * timeout.as_secs_f64() / 2.0;
+    (
+        pass.clamp(
+            256.min(engine.max_batch_tokens()),
+            engine.max_batch_tokens(),
+        ),
+        admitted.min(usize::MAX as f64) as usize,
+    )
+}
 
 /// The loaded model, its queue and the settings, shared by every handler.
 #[derive(Clone)]
@@ -62,10 +107,16 @@ impl AppState {
         let queue = |engine: Engine| -> Result<BatchedEngine, ServerError> {
             let batcher = Batcher::start(
                 engine.clone(),
-                BatchConfig {
-                    max_batch_tokens: engine.max_batch_tokens(),
-                    max_batch_requests: config.max_batch_requests,
-                    queue_capacity: config.max_concurrent_requests,
+                {
+                    let (bulk_pass_tokens, max_bulk_tokens) =
+                        bulk_budget(&engine, config.request_timeout);
+                    BatchConfig {
+                        max_batch_tokens: engine.max_batch_tokens(),
+                        max_batch_requests: config.max_batch_requests,
+                        queue_capacity: config.max_concurrent_requests,
+                        bulk_pass_tokens,
+                        max_bulk_tokens,
+                    }
                 },
                 metrics.clone(),
             )?;

@@ -1076,6 +1076,8 @@ fn the_queue_keeps_batches_under_its_token_budget() {
             max_batch_tokens: 40,
             max_batch_requests: 64,
             queue_capacity: 64,
+            bulk_pass_tokens: 40,
+            max_bulk_tokens: usize::MAX,
         },
         metrics.clone(),
     )
@@ -1127,6 +1129,92 @@ fn the_queue_keeps_batches_under_its_token_budget() {
         "17 requests, at most {most} a batch: {}",
         metrics.batches()
     );
+}
+
+/// Decisions go first: behind four large embedding jobs, a decision's rows run in the next
+/// forward call, not after the bulk rows queued before them; bulk rows run in passes of their
+/// own small budget, and the bulk tokens queued at once stay within the queue's limit (one job
+/// alone is always admitted).
+#[test]
+fn decisions_pass_bulk_work_and_bulk_work_is_admitted_within_its_budget() {
+    use decide_server::{BatchConfig, BatchedEngine, Batcher, Lane, Metrics};
+    use std::sync::Arc;
+
+    let texts: Vec<String> = (0..200)
+        .map(|i| format!("bulk text number {i} about shipping a replacement order"))
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let rows: Vec<_> = engine()
+        .stage_embeddings(&refs)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.row)
+        .collect();
+    let tokens: usize = rows.iter().map(|r| r.len()).sum();
+    let longest = rows.iter().map(|r| r.len()).max().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let batcher = Arc::new(
+        Batcher::start(
+            engine().clone(),
+            BatchConfig {
+                max_batch_tokens: 16_384,
+                max_batch_requests: 64,
+                queue_capacity: 64,
+                bulk_pass_tokens: 2 * longest,
+                max_bulk_tokens: 4 * tokens,
+            },
+            metrics.clone(),
+        )
+        .unwrap(),
+    );
+    let bulk: Vec<_> = (0..4)
+        .map(|_| batcher.submit(rows.clone(), Lane::Bulk).unwrap())
+        .collect();
+    // A fifth would go past the budget.
+    assert!(batcher.submit(rows.clone(), Lane::Bulk).is_err());
+    let model = BatchedEngine::new(engine().clone(), batcher.clone());
+    let request = DecisionRequest::builder()
+        .input("Please send me a replacement")
+        .question(
+            "replace",
+            YesNoQuestion::new("Does the customer want a replacement?").unwrap(),
+        )
+        .build()
+        .unwrap();
+    let answer = model.decide(&request).unwrap();
+    let single = engine().decide(&request).unwrap();
+    assert!(close(
+        answer.yes_no("replace").unwrap().probability(),
+        single.yes_no("replace").unwrap().probability()
+    ));
+    // 800 bulk rows at 2 a pass, taken in turns: the decision ran long before the last job
+    // finished (in one first-come line, after all four).
+    let mut bulk = bulk;
+    assert!(
+        matches!(
+            bulk[3].try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ),
+        "the decision waited for the bulk rows queued before it ({} passes)",
+        metrics.batches()
+    );
+    for pending in bulk {
+        let vectors = pending.blocking_recv().unwrap().unwrap();
+        assert_eq!(vectors.len(), rows.len());
+    }
+    assert!(metrics.batches() >= 400, "bulk rows ran in small passes");
+    // Once the queue has run them, their budget is free again.
+    let again = batcher.submit(rows.clone(), Lane::Bulk).unwrap();
+    assert_eq!(again.blocking_recv().unwrap().unwrap().len(), rows.len());
+    // A decision that needs more than one whole forward call waits with the bulk work.
+    assert_eq!(batcher.decision_lane(&rows), Lane::Decision);
+    let large: Vec<_> = rows
+        .iter()
+        .cycle()
+        .take(16_384 / longest + 1)
+        .cloned()
+        .collect();
+    assert_eq!(batcher.decision_lane(&large), Lane::Bulk);
 }
 
 /// The largest difference between a vector of the answer and one of the engine.

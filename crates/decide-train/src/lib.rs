@@ -32,11 +32,13 @@
 //!
 //! The crate's modules follow its jobs: `config` (the hyper-parameters and head), `data` (the
 //! cases and the texts as token rows; all tokenizing and trimming is there), `model` (the
-//! differentiable encoder), `trainer` (the loop: mining, steps, the frozen layers' cache) and
+//! differentiable encoder), `trainer` (an epoch: mining, steps, the frozen layers' cache), `run`
+//! (the whole run: epochs, checkpoints, the calibration fit, the best epoch kept, patience) and
 //! `export` (the model folder and its manifest, written through [`decide_engine::Manifest`]).
 //!
-//! The command (`decide train`) reads and checks the data, drives epochs, evaluates, keeps the
-//! best epoch and fits the calibration; this crate holds the model, the loss and the folder
+//! The command (`decide train`) reads and checks the data and, through a [`RunObserver`],
+//! scores the held-out cases for each checkpoint's calibration, measures it, shows the progress
+//! and stops the run on Ctrl-C; this crate holds the model, the loss, the run and the folder
 //! writing.
 #![deny(missing_docs)]
 
@@ -45,6 +47,7 @@ mod data;
 mod error;
 mod export;
 mod model;
+mod run;
 mod trainer;
 
 pub use config::{Hyper, TrainHead};
@@ -52,4 +55,5 @@ pub use data::{Example, ExampleSource, ExampleSpool, TrainData};
 pub use decide_engine::registry::file_sha256;
 pub use error::{Result, TrainError};
 pub use export::{write_manifest, written_by_train, ModelMeta};
+pub use run::{beside, EpochEnd, Outcome, RunObserver, Schedule, StepProgress};
 pub use trainer::{StepReport, Trainer};

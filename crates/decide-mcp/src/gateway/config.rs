@@ -80,9 +80,11 @@ impl ServersConfig {
         Self::from_json(&text).map_err(|error| format!("{}: {error}", path.display()))
     }
 
-    /// Reads the text of a configuration file (see [`read`](Self::read)).
+    /// Reads the text of a configuration file (see [`read`](Self::read)). An object that names a key twice is
+    /// refused, naming the key: which of the two a reader keeps differs from one MCP client to another.
     pub fn from_json(text: &str) -> Result<Self, String> {
-        let value: Value = serde_json::from_str(text).map_err(|error| error.to_string())?;
+        let value: Value =
+            decide_http::unique_keys::from_str(text).map_err(|error| error.to_string())?;
         let Value::Object(top) = value else {
             return Err("expected a JSON object with mcpServers".into());
         };
@@ -262,6 +264,33 @@ mod tests {
                 .starts_with("mcpServers.a.type: \"sse\"")
         );
         assert!(error("{\n\"mcpServers\": }").contains("line 2"));
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_naming_the_file_and_the_key() {
+        let text =
+            "{\"mcpServers\": {\"memory\": {\"command\": \"npx\",\n  \"command\": \"node\"}}}";
+        assert_eq!(
+            ServersConfig::from_json(text).unwrap_err(),
+            "mcpServers.memory: duplicate key \"command\" at line 2 column 11"
+        );
+        let path =
+            std::env::temp_dir().join(format!("decide-mcp-twice-{}.json", std::process::id()));
+        std::fs::write(
+            &path,
+            r#"{"mcpServers": {"a": {"command": "x"}, "a": {"url": "http://y"}}}"#,
+        )
+        .unwrap();
+        let error = ServersConfig::read(&path).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            error,
+            format!(
+                "{}: mcpServers: duplicate key \"a\" at line 1 column 42",
+                path.display()
+            )
+        );
+        assert_eq!(error.lines().count(), 1);
     }
 
     #[test]

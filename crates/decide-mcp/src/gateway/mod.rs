@@ -7,14 +7,17 @@
 //! far in the session, announced with `notifications/tools/list_changed`, for clients that only call listed tools;
 //! tools are only ever added within a session, so the client's prompt cache stays valid.
 //!
-//! Names that several upstreams share are offered as `SERVER__NAME`. An upstream that dies or hangs gives an error
-//! naming it (within the timeout), and is restarted with backoff at its next use.
+//! Names that several upstreams share are offered as `SERVER__NAME`. An upstream that fails to start, dies or hangs
+//! gives an error naming it (within the timeout), is named in every search's answer while it is down, and is
+//! restarted in the background with backoff; the others serve meanwhile.
 
 mod config;
+mod http;
 mod session;
 mod upstream;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use decide_chat::{ChatMessage, ToolSpecification, UserMessage};
@@ -25,6 +28,7 @@ use rmcp::ServiceExt;
 use serde_json::{json, Value};
 
 pub use config::{ServerSpec, ServersConfig};
+pub use http::{serve_http, HttpOptions, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT};
 pub use session::SEARCH_TOOLS;
 
 use crate::{McpError, McpOptions};
@@ -91,8 +95,10 @@ struct Entry {
 
 /// The upstream servers and how to search them; one per process, shared by every client session.
 pub struct Gateway {
-    upstreams: Vec<Upstream>,
+    upstreams: Vec<Arc<Upstream>>,
     options: GatewayOptions,
+    /// Client sessions whose state is held, over every transport.
+    open_sessions: AtomicUsize,
 }
 
 /// A forwarded call the next search is read with.
@@ -110,13 +116,14 @@ struct Found {
 
 impl Gateway {
     /// Starts (or connects to) every upstream and lists its tools. One that fails is named in a warning and
-    /// tried again at its next use, while the others serve; the start fails, naming the first error, only
-    /// when none of them started.
+    /// retried in the background (see [`down`](Self::down)), while the others serve; the start fails, naming the
+    /// first error, only when none of them started. Must be called within a Tokio runtime, which then runs the
+    /// retries.
     pub async fn start(
         servers: Vec<(Option<String>, ServerSpec)>,
         options: GatewayOptions,
     ) -> Result<Self, McpError> {
-        let mut upstreams: Vec<Upstream> = Vec::new();
+        let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
         // Each failed start with its upstream's name; what to do with them depends on whether any started.
         let mut failed = Vec::new();
         for (name, spec) in servers {
@@ -131,26 +138,50 @@ impl Gateway {
             if let Some(error) = error {
                 failed.push((upstream.name.clone(), error));
             }
-            upstreams.push(upstream);
+            upstreams.push(Arc::new(upstream));
         }
         if !failed.is_empty() && failed.len() == upstreams.len() {
             return Err(failed.swap_remove(0).1);
         }
         for (server, error) in &failed {
-            tracing::warn!(%server, %error, "MCP server did not start; trying again at its next use");
+            tracing::warn!(%server, %error, "MCP server did not start; retrying it in the background");
         }
-        Ok(Self { upstreams, options })
+        for upstream in &upstreams {
+            upstream.watch();
+        }
+        Ok(Self {
+            upstreams,
+            options,
+            open_sessions: AtomicUsize::new(0),
+        })
     }
 
-    /// The upstreams that are down, each with why, for a search's answer to name.
-    async fn unavailable(&self) -> Vec<Value> {
+    /// The upstreams that are down now (failed to start, died or hung, and not yet restarted), each by its name
+    /// with why; the reason names the server, never its command line, whose arguments may hold secrets. Looking
+    /// restarts nothing: that happens in the background.
+    pub async fn down(&self) -> Vec<(String, String)> {
         let mut down = Vec::new();
         for upstream in &self.upstreams {
             if let Some(error) = upstream.down().await {
-                down.push(json!({"server": upstream.name, "error": error}));
+                down.push((upstream.name.clone(), error));
             }
         }
         down
+    }
+
+    /// [`down`](Self::down) as a search's answer names them.
+    async fn unavailable(&self) -> Vec<Value> {
+        self.down()
+            .await
+            .into_iter()
+            .map(|(server, error)| json!({"server": server, "error": error}))
+            .collect()
+    }
+
+    /// The client sessions whose state (the tools each found, its recent calls) is held now: over HTTP, a session
+    /// from its `initialize` until it is deleted, expires or the server stops; over stdio, the one session.
+    pub fn open_sessions(&self) -> usize {
+        self.open_sessions.load(Ordering::Relaxed)
     }
 
     /// The upstreams' names, in order.
@@ -264,7 +295,7 @@ impl Gateway {
     }
 
     /// A new client session over this gateway.
-    fn session(self: &Arc<Self>) -> GatewaySession {
+    pub(crate) fn session(self: &Arc<Self>) -> GatewaySession {
         GatewaySession::new(Arc::clone(self))
     }
 }
@@ -316,60 +347,4 @@ pub async fn serve_stdio(gateway: Arc<Gateway>) -> Result<(), String> {
         .await
         .map_err(|e| format!("the MCP session over stdio: {e}"))?;
     Ok(())
-}
-
-/// Serves the gateway over streamable HTTP at `/mcp` on `listener`, one session per client (`Mcp-Session-Id`),
-/// until `shutdown` completes. With `api_key`, every request needs `Authorization: Bearer KEY`.
-pub async fn serve_http(
-    gateway: Arc<Gateway>,
-    listener: tokio::net::TcpListener,
-    api_key: Option<String>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let mut config = StreamableHttpServerConfig::default();
-    if !local.ip().is_loopback() {
-        // Reached by other machines under names this process cannot know: the API key guards it instead of the
-        // Host check, which protects loopback servers from DNS rebinding.
-        config = config.disable_allowed_hosts();
-    }
-    let service = StreamableHttpService::new(
-        move || Ok(gateway.session()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    let key = api_key.as_deref().map(decide_http::ApiKey::new);
-    let router =
-        axum::Router::new()
-            .nest_service("/mcp", service)
-            .layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    // As `decide serve` reads it: the bearer scheme in any case, compared over digests.
-                    let authorized = key.as_ref().is_none_or(|key| {
-                        key.accepts(
-                            request
-                                .headers()
-                                .get(axum::http::header::AUTHORIZATION)
-                                .and_then(|v| v.to_str().ok()),
-                        )
-                    });
-                    async move {
-                        if authorized {
-                            next.run(request).await
-                        } else {
-                            axum::response::IntoResponse::into_response((
-                                axum::http::StatusCode::UNAUTHORIZED,
-                                "missing or wrong API key (Authorization: Bearer KEY)",
-                            ))
-                        }
-                    }
-                },
-            ));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| e.to_string())
 }

@@ -2,6 +2,7 @@
 //! the calls it made.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use decide_chat::InvocationContext;
@@ -26,6 +27,12 @@ pub(crate) struct GatewaySession {
     /// The offered names of the tools found so far, in the order found; only ever grows.
     found: Mutex<Vec<String>>,
     recent: Mutex<VecDeque<RecentCall>>,
+}
+
+impl Drop for GatewaySession {
+    fn drop(&mut self) {
+        self.gateway.open_sessions.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 fn object(value: Value) -> Arc<Map<String, Value>> {
@@ -83,6 +90,7 @@ fn shorten(text: &str, chars: usize) -> String {
 
 impl GatewaySession {
     pub(crate) fn new(gateway: Arc<Gateway>) -> Self {
+        gateway.open_sessions.fetch_add(1, Ordering::Relaxed);
         Self {
             gateway,
             found: Mutex::new(Vec::new()),

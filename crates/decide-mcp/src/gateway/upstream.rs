@@ -1,6 +1,6 @@
 //! One upstream server: connected at start, its tools remembered, restarted with backoff when it dies or hangs.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use decide_chat::InvocationContext;
@@ -13,6 +13,8 @@ use crate::{McpError, McpOptions, McpToolProvider};
 /// The first restart waits this long after a failure; each failure in a row doubles it, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How often the background restarter looks at a server that is up, to notice one that exited while idle.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why a forwarded call has no result from the server.
 pub(crate) enum CallError {
@@ -39,7 +41,10 @@ pub(crate) struct Upstream {
     label: String,
     spec: ServerSpec,
     options: McpOptions,
+    /// Held only briefly: a search reads the tools of a server being restarted without waiting for the restart.
     state: tokio::sync::Mutex<State>,
+    /// Held for a whole restart, so that the background restarter and a call do not start the server twice.
+    restarting: tokio::sync::Mutex<()>,
 }
 
 /// Starts or connects to the server; `label` names it in errors (the configuration's key, never a command line
@@ -97,8 +102,8 @@ pub(crate) fn sanitize(name: &str) -> String {
 impl Upstream {
     /// Starts or connects to the server and lists its tools; `name` is the configuration's, or `None` for the
     /// server's own. A server that fails to start is kept, down, with no tools and its error, and is tried again
-    /// at its next use after the backoff: one broken server does not stop the others.
-    /// The error is the start's, when it failed.
+    /// after the backoff (by [`watch`](Self::watch), or at its next call): one broken server does not stop the
+    /// others. The error is the start's, when it failed.
     pub(crate) async fn start(
         name: Option<String>,
         spec: ServerSpec,
@@ -136,8 +141,41 @@ impl Upstream {
                     },
                 last_error,
             }),
+            restarting: tokio::sync::Mutex::new(()),
         };
         (upstream, error)
+    }
+
+    /// Restarts the server in the background whenever it is down and its backoff has passed, whether it failed at
+    /// start, died or hung, so that a search finds its tools again without a call having to revive it first. The
+    /// task ends once the upstream is dropped.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        let upstream = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(wait) = Self::next_check(&upstream).await else {
+                    return;
+                };
+                tokio::time::sleep(wait).await;
+                let Some(this) = upstream.upgrade() else {
+                    return;
+                };
+                // Not due, or failed again: the backoff moved on, and the next check waits for it.
+                let _ = this.ensure().await;
+            }
+        });
+    }
+
+    /// How long the restarter waits before it looks again; `None` once the upstream is gone.
+    async fn next_check(upstream: &Weak<Self>) -> Option<Duration> {
+        let this = upstream.upgrade()?;
+        let state = this.state.lock().await;
+        let up = state.provider.as_ref().is_some_and(|p| !p.is_closed());
+        Some(if up {
+            WATCH_INTERVAL
+        } else {
+            state.retry_at.saturating_duration_since(Instant::now())
+        })
     }
 
     /// Why the server is down, when it is.
@@ -149,32 +187,37 @@ impl Upstream {
         }
     }
 
-    /// The server's tools as last listed, restarting it first when it is down and its backoff has passed.
+    /// The server's tools as last listed (kept while it is down); never waits for a restart.
     pub(crate) async fn tools(&self) -> Vec<Tool> {
-        let mut state = self.state.lock().await;
-        // A failed restart only moves the backoff on: the last listing still stands.
-        let _ = self.ensure(&mut state).await;
-        state.tools.clone()
+        self.state.lock().await.tools.clone()
     }
 
-    /// The live session, restarted when due; a message naming the server when it is down.
-    async fn ensure(&self, state: &mut State) -> Result<Arc<McpToolProvider>, String> {
-        if let Some(provider) = &state.provider {
-            if !provider.is_closed() {
-                return Ok(Arc::clone(provider));
+    /// The live session, restarted first when it is down and its backoff has passed; a message naming the server
+    /// when it is down. A restart under way is waited for rather than started again.
+    async fn ensure(&self) -> Result<Arc<McpToolProvider>, String> {
+        let _one_restart = self.restarting.lock().await;
+        {
+            let mut state = self.state.lock().await;
+            if let Some(provider) = &state.provider {
+                if !provider.is_closed() {
+                    return Ok(Arc::clone(provider));
+                }
+                self.failed(&mut state, "the server exited".into());
             }
-            self.failed(state, "the server exited".into());
+            let now = Instant::now();
+            if now < state.retry_at {
+                return Err(format!(
+                    "upstream {} is down ({}); restarting it in {:.1} s",
+                    self.name,
+                    state.last_error,
+                    (state.retry_at - now).as_secs_f64()
+                ));
+            }
         }
-        let now = Instant::now();
-        if now < state.retry_at {
-            return Err(format!(
-                "upstream {} is down ({}); restarting it in {:.1} s",
-                self.name,
-                state.last_error,
-                (state.retry_at - now).as_secs_f64()
-            ));
-        }
-        match connect(&self.spec, &self.label, &self.options).await {
+        // Without the state's lock: a server that takes its whole timeout to start must not hold up searches.
+        let connected = connect(&self.spec, &self.label, &self.options).await;
+        let mut state = self.state.lock().await;
+        match connected {
             Ok(provider) => {
                 tracing::info!(server = %self.name, "restarted the MCP server");
                 let provider = Arc::new(provider);
@@ -183,7 +226,7 @@ impl Upstream {
                 Ok(provider)
             }
             Err(error) => {
-                self.failed(state, error.to_string());
+                self.failed(&mut state, error.to_string());
                 Err(format!(
                     "upstream {} could not be restarted: {}",
                     self.name, state.last_error
@@ -211,10 +254,7 @@ impl Upstream {
         arguments: Option<Map<String, Value>>,
         context: &InvocationContext,
     ) -> Result<CallToolResult, CallError> {
-        let provider = {
-            let mut state = self.state.lock().await;
-            self.ensure(&mut state).await.map_err(CallError::Down)?
-        };
+        let provider = self.ensure().await.map_err(CallError::Down)?;
         // The lock is not held during the call: other calls to the same server run alongside.
         match provider.call_result(tool, arguments, context).await {
             Ok(result) => {
@@ -222,6 +262,26 @@ impl Upstream {
                 Ok(result)
             }
             Err(McpError::Refused { error, .. }) => Err(CallError::Refused(error)),
+            // The answer was dropped unread, and the session is fine: the client is told why, the server stays.
+            Err(McpError::TooLarge {
+                server,
+                what,
+                bytes,
+                limit,
+            }) => {
+                let data =
+                    serde_json::json!({"server": self.name, "bytes": bytes, "limitBytes": limit});
+                let error = McpError::TooLarge {
+                    server,
+                    what,
+                    bytes,
+                    limit,
+                };
+                Err(CallError::Refused(ErrorData::internal_error(
+                    format!("upstream {}: {error}", self.name),
+                    Some(data),
+                )))
+            }
             Err(error) => {
                 let mut state = self.state.lock().await;
                 // Only the session this call used is dropped; a restart that happened meanwhile stays.
