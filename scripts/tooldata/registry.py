@@ -46,6 +46,34 @@ GROUPS = {
     # Code: packing, linting, ORMs, sandboxes (held out).
     "h": ["repomix", "nx-mcp", "mcp", "prisma", "sandbox-mcp", "riza-mcp", "python-code-execution",
           "diff-mcp", "git-mcp", "xcodebuild"],
+    # Databases and warehouses beyond group b.
+    "i": ["airtable", "alicloud-hologres", "azure-adx", "bigquery", "bitable-mcp", "dbhub",
+          "greptimedb-mcp-server", "inoyu", "mariadb", "mongodb-lens", "mssql", "mysql", "oceanbase",
+          "mcp-server-singlestore", "mcp-server-starrocks", "tinydb", "xiyan-mcp-server",
+          "vectorize-mcp-server"],
+    # Cloud platforms and developer tools.
+    "j": ["aws", "aws-resources-operations", "heroku", "n8n", "postman", "shopify-dev",
+          "openapi-anyapi", "openrpc", "edgeone-pages-mcp", "magic-mcp", "vscode-mcp", "codemcp",
+          "code-executor", "timer", "json", "llm-context", "jinni"],
+    # Search, maps, scraping and social sites beyond group c.
+    "k": ["amap", "baidumap", "naver", "exa-mcp-server", "kagimcp", "searxng",
+          "openai-websearch-mcp", "oxylabs-mcp", "scrapling-fetch", "rquest", "web-fetch",
+          "mcp-browser-use", "txyz-search", "dappier", "virtual-location-google-street-view-etc",
+          "mcp-server-weibo", "twitter-mcp", "discourse"],
+    # Knowledge bases, retrieval and other models.
+    "l": ["atlas-docs-mcp", "aws-kb-retrieval", "graphlit-mcp-server", "langflow-doc-qa-server",
+          "llamacloud", "mcp-local-rag", "ragmap", "mediawiki-mcp-server", "obsidian-mcp",
+          "any-chat-completions", "deepseek-r1", "deepseek-thinker-mcp", "qwen-max",
+          "huggingface-spaces", "phoenix-mcp", "markitdown"],
+    # Work management, content, translation, mail and chains.
+    "m": ["@john-zhang-dev/xero-mcp-server", "contentful-mcp", "goal-story", "holaspirit",
+          "monday-com", "plane-mcp-server", "lara-mcp", "gmail-headless", "chatsum", "mcp-notify",
+          "evm-mcp-server", "heurist-mesh-agent"],
+    # Analytics, science, games and the MCP tooling itself.
+    "n": ["cfbd-api", "data-exploration", "dataset-viewer", "keboola-mcp-server", "mcp-tinybird",
+          "materials-project", "nemad", "optimade-mcp-server", "mathematica-check", "dicom", "figma",
+          "godot", "unity3d-game-engine", "ida-mcp", "everything", "mcp-compass", "mcp-installer",
+          "unifai-mcp-server", "m2m-ssh-gateway"],
 }
 HELD_OUT = ("d", "e", "h")
 
