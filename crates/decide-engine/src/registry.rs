@@ -422,19 +422,31 @@ impl FileStamp {
 
 /// The files verified so far: in memory, and as lines of `sha256 size mtime path` in
 /// `$XDG_CACHE_HOME/decide/verified` (or `~/.cache/…`), so each version is hashed once.
+///
+/// Recording a file rewrites the record without the lines of that file's older versions and of
+/// files that are gone, and keeps the latest [`MOST_LINES`](verified::MOST_LINES): models are
+/// rebuilt and deleted, and a record that only grows would be read whole by every start.
 mod verified {
     use std::collections::HashSet;
-    use std::io::Write;
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
     use std::sync::{Mutex, OnceLock};
 
     use super::FileStamp;
+
+    /// The most lines the record keeps, the latest: far more model files than a machine holds,
+    /// and a line dropped costs one hash.
+    pub(super) const MOST_LINES: usize = 1000;
 
     fn record() -> Option<PathBuf> {
         let base = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-        Some(base.join("decide").join("verified"))
+        Some(record_under(&base))
+    }
+
+    /// The record in the cache folder `cache_home`.
+    pub(super) fn record_under(cache_home: &Path) -> PathBuf {
+        cache_home.join("decide").join("verified")
     }
 
     fn known() -> &'static Mutex<HashSet<String>> {
@@ -457,23 +469,85 @@ mod verified {
     /// Remembers a verified file; a record that cannot be written only costs a hash next time.
     pub(super) fn insert(stamp: FileStamp, sha256: &str) {
         let line = stamp.line(sha256);
-        known()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(line.clone());
-        if let Some(path) = record() {
-            let _ = path
-                .parent()
-                .map(std::fs::create_dir_all)
-                .transpose()
-                .and_then(|_| {
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                })
-                .and_then(|mut f| writeln!(f, "{line}"));
+        // Held while the record is rewritten: the threads of one process share its temporary file.
+        let mut known = known().lock().unwrap_or_else(|p| p.into_inner());
+        let path = path_of(&line).map(str::to_owned);
+        known.retain(|l| path_of(l) != path.as_deref());
+        known.insert(line.clone());
+        if let Some(record) = record() {
+            let _ = rewrite(&record, &line, |p| p.exists());
         }
+    }
+
+    /// The path a record's line names (its fourth field, which may hold tabs itself), or `None`
+    /// for a line that is not a record's.
+    pub(super) fn path_of(line: &str) -> Option<&str> {
+        let mut fields = line.splitn(4, '\t');
+        fields.next()?;
+        fields.next()?;
+        fields.next()?;
+        fields.next().filter(|path| !path.is_empty())
+    }
+
+    /// The record once `line` is added to `lines`: `line` last, after the other lines but those
+    /// of its own path (older versions of the file), those whose path `exists` says is gone,
+    /// those that are not a record's, and all but the latest of any other path; then the latest
+    /// [`MOST_LINES`] of them.
+    pub(super) fn pruned<'a>(
+        lines: impl IntoIterator<Item = &'a str>,
+        line: &'a str,
+        exists: impl Fn(&Path) -> bool,
+    ) -> Vec<&'a str> {
+        let recorded = path_of(line);
+        let lines: Vec<&str> = lines.into_iter().collect();
+        let mut paths: HashSet<&str> = HashSet::new();
+        let mut kept: Vec<&str> = Vec::new();
+        // From the end, so that the latest line of a path is the one kept.
+        for &old in lines.iter().rev() {
+            let Some(path) = path_of(old) else { continue };
+            if Some(path) == recorded || paths.contains(path) || !exists(Path::new(path)) {
+                continue;
+            }
+            paths.insert(path);
+            kept.push(old);
+        }
+        kept.truncate(MOST_LINES.saturating_sub(1));
+        kept.reverse();
+        kept.push(line);
+        kept
+    }
+
+    /// Adds `line` to the record at `record` as [`pruned`] says, writing a file beside it and
+    /// renaming it over the record: a decide starting meanwhile reads the old record or the new
+    /// one, never half of one. Two processes recording at once may lose one's line, which costs
+    /// a hash on a later start.
+    pub(super) fn rewrite(
+        record: &Path,
+        line: &str,
+        exists: impl Fn(&Path) -> bool,
+    ) -> std::io::Result<()> {
+        if let Some(folder) = record.parent() {
+            std::fs::create_dir_all(folder)?;
+        }
+        let old = match std::fs::read(record) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        // Lossy: a line mangled on disk then names no file, and is dropped.
+        let old = String::from_utf8_lossy(&old);
+        let mut text = String::new();
+        for kept in pruned(old.lines(), line, exists) {
+            text.push_str(kept);
+            text.push('\n');
+        }
+        let temporary = record.with_file_name(format!("verified.{}.tmp", std::process::id()));
+        let written =
+            std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, record));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        written
     }
 }
 
@@ -888,5 +962,65 @@ mod tests {
         assert_eq!(loc.dir, dir.canonicalize().unwrap());
         assert!(loc.manifest.is_none());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_verified_record_drops_older_versions_gone_files_and_all_but_the_latest_lines() {
+        let line = |sha: &str, path: &str| format!("{sha}\t10\t7\t{path}");
+        let old = [
+            line("aa", "/m/a"),
+            line("bb", "/m/gone"),
+            "not a record line".to_string(),
+            line("cc", "/m/b"),
+            line("dd", "/m/a"),
+            line("ee", "/m/b"),
+        ];
+        let new = line("ff", "/m/a");
+        let exists = |p: &Path| p != Path::new("/m/gone");
+        let kept = verified::pruned(old.iter().map(String::as_str), &new, exists);
+        // Both older versions of /m/a go, and /m/b keeps its latest line only.
+        assert_eq!(kept, [line("ee", "/m/b").as_str(), new.as_str()]);
+        // A path with a tab in it is still one path.
+        assert_eq!(verified::path_of("s\t1\t2\t/m/a\tb"), Some("/m/a\tb"));
+
+        let many: Vec<String> = (0..verified::MOST_LINES + 5)
+            .map(|i| line("00", &format!("/m/{i}")))
+            .collect();
+        let kept = verified::pruned(many.iter().map(String::as_str), &new, |_| true);
+        assert_eq!(kept.len(), verified::MOST_LINES);
+        assert_eq!(kept[0], many[6]);
+        assert_eq!(kept.last(), Some(&new.as_str()));
+    }
+
+    #[test]
+    fn recording_a_file_rewrites_the_record_in_place() {
+        let cache_home =
+            std::env::temp_dir().join(format!("decide-verified-{}", std::process::id()));
+        let record = verified::record_under(&cache_home);
+        let weights = cache_home.join("weights");
+        let other = cache_home.join("other");
+        std::fs::create_dir_all(&cache_home).unwrap();
+        std::fs::write(&weights, "v1").unwrap();
+        std::fs::write(&other, "x").unwrap();
+        let line = |sha: &str, path: &Path| format!("{sha}\t2\t1\t{}", path.display());
+        let exists = |p: &Path| p.exists();
+        verified::rewrite(&record, &line("11", &weights), exists).unwrap();
+        verified::rewrite(&record, &line("22", &other), exists).unwrap();
+        verified::rewrite(&record, &line("33", &weights), exists).unwrap();
+        let text = std::fs::read_to_string(&record).unwrap();
+        assert_eq!(
+            text,
+            format!("{}\n{}\n", line("22", &other), line("33", &weights))
+        );
+        std::fs::remove_file(&other).unwrap();
+        verified::rewrite(&record, &line("44", &weights), exists).unwrap();
+        let text = std::fs::read_to_string(&record).unwrap();
+        assert_eq!(text, format!("{}\n", line("44", &weights)));
+        let left: Vec<_> = std::fs::read_dir(record.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["verified"], "no temporary file is left beside it");
+        std::fs::remove_dir_all(&cache_home).unwrap();
     }
 }

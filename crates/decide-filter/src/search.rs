@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 
-use decide_chat::parse::from_value;
+use decide_chat::parse::{from_value, parse_tools_where};
 use decide_chat::{
-    parse_tools, ParseError, StaticToolProvider, ToolProviderRequest, ToolSpecification,
-    UserMessage,
+    ParseError, StaticToolProvider, ToolProviderRequest, ToolSpecification, UserMessage,
 };
 use decide_contract::{Conformal, DecisionModel};
 use serde::Deserialize;
@@ -83,7 +82,8 @@ struct SearchBody {
 
 /// A client-executed tool search as the model issued it: `{"provider": "openai" | "anthropic", "call": the model's
 /// `tool_search_call` item or `tool_use` block (or "query": the text), "tools": the deferred tools (as sent to the
-/// provider, or in any shape `parse_tools` reads), "max_results"?, "target_recall"?}`.
+/// provider, or in any shape `parse_tools` reads; entries of hosted tool types are skipped), "max_results"?,
+/// "target_recall"?}`.
 #[derive(Debug, Clone)]
 pub struct ToolSearchCall {
     /// Whose answer to give.
@@ -96,7 +96,8 @@ pub struct ToolSearchCall {
     /// The tool names the call asked to load, when it gave `paths` instead of a query (OpenAI's default client
     /// schema); empty otherwise. [`requested`](Self::requested) resolves them.
     pub paths: Vec<String>,
-    /// The deferred tools, as the request gave them (an OpenAI answer returns the matches unchanged).
+    /// The deferred function tools, as the request gave them (an OpenAI answer returns the matches unchanged); entries
+    /// of other types are left out.
     pub tools: Vec<Value>,
     /// The same tools, read.
     pub specifications: Vec<ToolSpecification>,
@@ -151,6 +152,19 @@ fn query_of(arguments: &Value, path: &str) -> Result<(String, Vec<String>), Pars
     Ok((words.join(" "), paths))
 }
 
+/// Whether a `tools` entry is one the search reads: a function (`"type": "function"`, or no type, as Anthropic and MCP
+/// write them). A real request's list also holds entries of the providers' other kinds: hosted tools such as OpenAI's
+/// `{"type": "tool_search"}` or `{"type": "web_search"}`, Anthropic's `tool_search_tool_regex_20251119` or
+/// `web_search_20250305`; they have no description to rank and cannot be loaded by a search, so they are skipped and
+/// never returned. A namespace holds functions, and a custom tool is called by name like one: those are read (and
+/// refused), rather than silently left out of every search.
+fn searchable(entry: &Value) -> bool {
+    match entry.get("type") {
+        Some(Value::String(kind)) => matches!(kind.as_str(), "function" | "custom" | "namespace"),
+        _ => true,
+    }
+}
+
 fn string_field(
     object: &Map<String, Value>,
     key: &str,
@@ -173,11 +187,8 @@ impl ToolSearchCall {
         let raw_tools = body
             .tools
             .ok_or_else(|| ParseError::invalid("tools", "missing"))?;
-        let specifications = parse_tools(&raw_tools)?;
-        if specifications.is_empty() {
-            return Err(ParseError::invalid("tools", "empty"));
-        }
-        let tools = match raw_tools {
+        let read = parse_tools_where(&raw_tools, searchable)?;
+        let mut items = match raw_tools {
             Value::Array(items) => items,
             Value::Object(mut object) => match object.remove("tools") {
                 Some(Value::Array(items)) => items,
@@ -185,6 +196,19 @@ impl ToolSearchCall {
             },
             _ => return Err(ParseError::invalid("tools", "expected an array of tools")),
         };
+        if read.is_empty() {
+            let message = if items.is_empty() {
+                "empty"
+            } else {
+                "no function tools (tools of other types are not searched)"
+            };
+            return Err(ParseError::invalid("tools", message));
+        }
+        // The raw entries stay beside the read ones, index for index: an OpenAI answer returns them unchanged.
+        let (tools, specifications) = read
+            .into_iter()
+            .map(|(i, specification)| (std::mem::take(&mut items[i]), specification))
+            .unzip();
         let (call_id, (query, paths)) = match (&body.call, body.query) {
             (Some(_), Some(_)) => {
                 return Err(ParseError::invalid("query", "give call or query, not both"))
@@ -398,6 +422,57 @@ mod tests {
             json!({"type": "tool_result", "tool_use_id": "toolu_1",
                    "content": [{"type": "tool_reference", "tool_name": "send_email"}]})
         );
+    }
+
+    #[test]
+    fn hosted_tools_in_the_list_are_skipped_and_never_returned() {
+        let mut listed = tools().as_array().unwrap().clone();
+        listed.insert(0, json!({"type": "tool_search", "execution": "client"}));
+        listed.insert(2, json!({"type": "web_search"}));
+        listed.push(
+            json!({"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}),
+        );
+        listed.push(json!({"type": "web_search_20250305", "name": "web_search", "max_uses": 5}));
+        let call = ToolSearchCall::from_value(json!({
+            "provider": "openai", "query": "weather", "tools": listed,
+        }))
+        .unwrap();
+        let names: Vec<&str> = call
+            .specifications
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(names, ["get_weather", "send_email"]);
+        assert_eq!(Value::Array(call.tools.clone()), tools());
+        assert_eq!(
+            call.answer(&["send_email".into()])["tools"],
+            json!([tools()[1]])
+        );
+        // A name the skipped entries carry is no tool of the search.
+        assert_eq!(call.answer(&["web_search".into()])["tools"], json!([]));
+
+        let error = |listed: Value| {
+            ToolSearchCall::from_value(json!({"provider": "openai", "query": "x", "tools": listed}))
+                .unwrap_err()
+                .to_string()
+        };
+        // A malformed function is still refused, named by its place in the list as sent.
+        assert_eq!(
+            error(json!([{"type": "web_search"}, {"type": "function", "description": "no name"}])),
+            "tools[1].name: missing"
+        );
+        assert!(
+            error(json!([{"type": "web_search"}, {"type": 3, "name": "x"}]))
+                .starts_with("tools[1].type")
+        );
+        assert!(
+            error(json!([{"type": "namespace", "name": "crm", "tools": []}])).contains("namespace")
+        );
+        assert_eq!(
+            error(json!([{"type": "tool_search"}])),
+            "tools: no function tools (tools of other types are not searched)"
+        );
+        assert_eq!(error(json!([])), "tools: empty");
     }
 
     #[test]

@@ -6,13 +6,15 @@
 //! waits for every connection, an open event stream included, however long it takes.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{HeaderValue, CONNECTION};
 use http::{Request, Response};
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -54,8 +56,9 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// keep-alive connection is closed after it too), and at most `limits.max_connections` are
 /// served at once: idle or half-sent connections cannot exhaust the server or hold its
 /// shutdown. Once the signal has come, every answer carries `Connection: close`, and the
-/// connections close as their answers end; a body that never ends (an event stream) is the
-/// caller's to end at the signal, or it is dropped at the deadline.
+/// connections close as their answers end; a connection answering nothing (idle, or part-way
+/// through a request's headers) closes after a short grace; a body that never ends (an event
+/// stream) is the caller's to end at the signal, or it is dropped at the deadline.
 ///
 /// The error is the listener's address, unreadable; a failed `accept` (out of file descriptors
 /// and the like) waits for connections to close instead.
@@ -104,9 +107,12 @@ where
         };
         let service = hyper_util::service::TowerToHyperService::new(service.clone());
         let draining_now = Arc::clone(&draining);
+        let answering = Arc::new(AtomicUsize::new(0));
+        let answering_now = Arc::clone(&answering);
         let service = hyper::service::service_fn(move |request| {
             let answer = hyper::service::Service::call(&service, request);
             let draining = Arc::clone(&draining_now);
+            let answering = Answering::start(&answering_now);
             async move {
                 let mut response = answer.await?;
                 // hyper adds `Connection: close` itself only once `graceful_shutdown` is
@@ -116,7 +122,10 @@ where
                         .headers_mut()
                         .insert(CONNECTION, HeaderValue::from_static("close"));
                 }
-                Ok::<_, S::Error>(response)
+                Ok::<_, S::Error>(response.map(|body| Tracked {
+                    body: Box::pin(body),
+                    _answering: answering,
+                }))
             }
         });
         let mut stop = stop_rx.clone();
@@ -141,7 +150,18 @@ where
             }
             // Closes the connection if idle, else once its answer is written.
             connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            loop {
+                tokio::select! {
+                    _ = connection.as_mut() => return,
+                    () = tokio::time::sleep(grace) => {}
+                }
+                // Nothing is being answered: the connection is part-way through a request's
+                // headers, or has not sent any. hyper would wait for the rest, up to the read
+                // timeout, and so hold the shutdown for it; no request is lost by closing now.
+                if answering.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+            }
         });
     }
     drop(listener);
@@ -155,4 +175,48 @@ where
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// One request of a connection being answered, from its headers until its answer's body has
+/// been handed to the connection whole (or dropped).
+struct Answering(Arc<AtomicUsize>);
+
+impl Answering {
+    fn start(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body that counts as [`Answering`] until hyper drops it, which it does once the
+/// last frame is written.
+struct Tracked<B> {
+    body: Pin<Box<B>>,
+    _answering: Answering,
+}
+
+impl<B: Body> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.body.as_mut().poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

@@ -6,6 +6,7 @@
 //! (`mcpServers.memory: duplicate key "command" at line 4 column 17`), so that no reader has to
 //! guess which one was meant.
 
+use std::cell::RefCell;
 use std::fmt;
 
 use serde::de::{DeserializeOwned, DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
@@ -25,10 +26,59 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, serde_json::Error>
 /// the object by its JSON path (`a.b[2]`; nothing for the top level), the key and its line and
 /// column, or is serde_json's own syntax error.
 pub fn check(bytes: &[u8]) -> Result<(), serde_json::Error> {
+    let found = RefCell::new(None);
+    scan(bytes, &found)
+}
+
+/// A key that one object names twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateKey {
+    /// The JSON path of the key (`tools[0].name`; the key alone at the top level).
+    pub path: String,
+    /// The key, unescaped.
+    pub key: String,
+    /// The line of its second naming, from 1.
+    pub line: usize,
+    /// The column where its second naming ends, from 1.
+    pub column: usize,
+}
+
+/// `duplicate key "name" at line 3 column 9`: the path is left to the caller, which may name it
+/// as a field of its own.
+impl fmt::Display for DuplicateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "duplicate key {:?} at line {} column {}",
+            self.key, self.line, self.column
+        )
+    }
+}
+
+/// The first key that an object in `bytes` names twice. `None` when every object names its keys
+/// once, and also when `bytes` is not JSON: a reader that goes on to parse them reports that in
+/// its own words, which a server's existing answers keep.
+pub fn duplicate_key(bytes: &[u8]) -> Option<DuplicateKey> {
+    let found = RefCell::new(None);
+    let error = scan(bytes, &found).err()?;
+    let (path, key) = found.into_inner()?;
+    Some(DuplicateKey {
+        path,
+        key,
+        line: error.line(),
+        column: error.column(),
+    })
+}
+
+/// Reads `bytes` as one value, leaving the path and key of a repeated key in `found`.
+fn scan(bytes: &[u8], found: &Found) -> Result<(), serde_json::Error> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    Unique(&Path::Root).deserialize(&mut deserializer)?;
+    Unique(&Path::Root, found).deserialize(&mut deserializer)?;
     deserializer.end()
 }
+
+/// Where a repeated key was met, and which: serde's errors carry only text.
+type Found = RefCell<Option<(String, String)>>;
 
 /// Where a value is, rendered only when an error names it: building every path of a large body
 /// would cost more than the check.
@@ -50,7 +100,7 @@ impl fmt::Display for Path<'_> {
 }
 
 /// Visits one value and everything in it, keeping nothing but the keys of the object at hand.
-struct Unique<'a>(&'a Path<'a>);
+struct Unique<'a>(&'a Path<'a>, &'a Found);
 
 impl<'de> DeserializeSeed<'de> for Unique<'_> {
     type Value = ();
@@ -94,7 +144,7 @@ impl<'de> Visitor<'de> for Unique<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
         let mut i = 0;
         while items
-            .next_element_seed(Unique(&Path::Index(self.0, i)))?
+            .next_element_seed(Unique(&Path::Index(self.0, i), self.1))?
             .is_some()
         {
             i += 1;
@@ -111,9 +161,10 @@ impl<'de> Visitor<'de> for Unique<'_> {
                     Path::Root => String::new(),
                     path => format!("{path}: "),
                 };
+                *self.1.borrow_mut() = Some((Path::Key(self.0, &key).to_string(), key.clone()));
                 return Err(A::Error::custom(format_args!("{at}duplicate key {key:?}")));
             }
-            entries.next_value_seed(Unique(&Path::Key(self.0, &key)))?;
+            entries.next_value_seed(Unique(&Path::Key(self.0, &key), self.1))?;
             keys.push(key);
         }
         Ok(())
@@ -147,6 +198,29 @@ mod tests {
         assert_eq!(value["ab"], json!(1.5));
         assert!(error(r#"{"a": 1} x"#).starts_with("trailing characters"));
         assert!(error(r#"{"a": }"#).starts_with("expected value"));
+    }
+
+    #[test]
+    fn a_repeated_key_is_found_with_its_path_and_not_json_is_left_to_the_reader() {
+        let found = duplicate_key(b"{\"tools\": [{\"name\": \"a\",\n \"name\": \"b\"}]}").unwrap();
+        assert_eq!(
+            found,
+            DuplicateKey {
+                path: "tools[0].name".into(),
+                key: "name".into(),
+                line: 2,
+                column: 7,
+            }
+        );
+        assert_eq!(
+            found.to_string(),
+            "duplicate key \"name\" at line 2 column 7"
+        );
+        assert_eq!(duplicate_key(br#"{"a": 1, "a": 2}"#).unwrap().path, "a");
+        assert_eq!(duplicate_key(br#"{"a": {"a": 1}, "b": [{"a": 1}]}"#), None);
+        // Not JSON: the parser that follows says what is wrong, in its own words.
+        assert_eq!(duplicate_key(br#"{"a": 1, "b": }"#), None);
+        assert_eq!(duplicate_key(b""), None);
     }
 
     #[test]

@@ -862,6 +862,56 @@ async fn the_http_gateway_cuts_slow_sockets_caps_connections_and_stops_within_it
     drop(holder);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_headers_and_silent_sockets_do_not_hold_the_shutdown() {
+    // The read timeout and the deadline are both long: only closing the connections that are
+    // answering nothing lets the server stop in time.
+    let (addr, _gateway, stop, server) = http_gateway(HttpOptions {
+        connections: ConnectionLimits {
+            read_timeout: Duration::from_secs(600),
+            max_connections: 16,
+            shutdown_timeout: Duration::from_secs(600),
+        },
+        ..HttpOptions::default()
+    })
+    .await;
+    let mut silent = TcpStream::connect(&addr).await.unwrap();
+    let mut half = TcpStream::connect(&addr).await.unwrap();
+    half.write_all(format!("POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Ty").as_bytes())
+        .await
+        .unwrap();
+    // A connection that was answered once and then began another request.
+    let id = session(&addr).await;
+    let mut again = TcpStream::connect(&addr).await.unwrap();
+    again
+        .write_all(
+            format!(
+                "DELETE /mcp HTTP/1.1\r\nHost: {addr}\r\nMcp-Session-Id: {id}\r\n\r\nPOST /mcp HT"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    again.read_exact(&mut first).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("a half-sent request's headers held the shutdown")
+        .unwrap()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    for stream in [&mut silent, &mut half, &mut again] {
+        assert!(closed_within(stream, Duration::from_secs(5)).await);
+    }
+}
+
 /// The small stdio server of the end-to-end tests (`echo` and `hang`), behind `sh`, which exits at once until
 /// `ready` exists in `dir`: a server whose start fails until something outside the gateway is fixed. Its last
 /// argument stands for a secret that must stay out of errors.

@@ -50,7 +50,8 @@
 //! * Every malformed body gets a `400` naming the field, in the error shape of the format it
 //!   came in (`{"error": {"message", "type", "param", "code"}}` for OpenAI and our own
 //!   endpoints, `{"error": {"type", "message", "field"}}` for System One, `{"error",
-//!   "error_type"}` for text-embeddings-inference's `/embed` and `/rerank`).
+//!   "error_type"}` for text-embeddings-inference's `/embed` and `/rerank`). An object that
+//!   names a key twice is a `400` too, naming the key and its line and column.
 //! * With an API key, every endpoint but `/health` and the playground page needs
 //!   `Authorization: Bearer KEY`; keys are compared in constant time (over their SHA-256, so
 //!   the length does not leak either).

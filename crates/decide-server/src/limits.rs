@@ -19,25 +19,52 @@ pub(crate) fn body_limit(state: &AppState) -> DefaultBodyLimit {
     DefaultBodyLimit::max(state.config().max_body_bytes)
 }
 
-/// The request body; over the limit, a 413 that names it.
+/// The request body, every JSON body the server reads: over the limit, a 413 that names it; an
+/// object that names a key twice, a 400 naming the key and where it is.
+///
+/// RFC 8259 leaves a repeated key to the reader, and readers differ (serde_json keeps the last
+/// value, others the first), so a proxy or a log that reads the body another way would see
+/// another request than the one decided on. Checking here, where every handler gets its body,
+/// refuses it on every endpoint alike; the handlers of the other wire formats take
+/// `Result<Body, ApiError>` and answer the refusal in their own shape. A body that is not JSON
+/// at all passes on, for the endpoint's parser to say so as it always has.
 pub(crate) struct Body(pub(crate) Bytes);
+
+/// Up to this size a body is scanned for repeated keys on the runtime's worker: a scan this
+/// short spares most requests a second hand-off to the blocking pool; larger bodies are
+/// scanned there, as they are parsed.
+const INLINE_CHECK_BYTES: usize = 64 * 1024;
+
+/// A 400 for a key that `bytes` names twice in one object.
+fn refuse_duplicate_keys(bytes: &[u8]) -> Result<(), ApiError> {
+    match decide_http::unique_keys::duplicate_key(bytes) {
+        Some(duplicate) => Err(ApiError::bad(duplicate.path.clone(), duplicate.to_string())),
+        None => Ok(()),
+    }
+}
 
 impl FromRequest<AppState> for Body {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
         let limit = state.config().read_timeout;
-        tokio::time::timeout(limit, Bytes::from_request(request, state))
+        let bytes = tokio::time::timeout(limit, Bytes::from_request(request, state))
             .await
             .map_err(|_| ApiError::SlowBody(limit.as_secs()))?
-            .map(Body)
             .map_err(|e| {
                 if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     ApiError::TooLarge(state.config().max_body_bytes)
                 } else {
                     ApiError::bad("", e.body_text())
                 }
-            })
+            })?;
+        if bytes.len() <= INLINE_CHECK_BYTES {
+            refuse_duplicate_keys(&bytes)?;
+        } else {
+            let scanned = bytes.clone();
+            off_runtime(move || refuse_duplicate_keys(&scanned)).await?;
+        }
+        Ok(Body(bytes))
     }
 }
 

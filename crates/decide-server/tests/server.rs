@@ -1596,3 +1596,183 @@ async fn the_route_and_tool_limits_are_checked_before_the_entries_are() {
         "{body}"
     );
 }
+
+/// A body posted as written: a `Value` cannot hold a key twice.
+async fn post_text(app: &Router, path: &str, body: &str) -> (StatusCode, Value) {
+    let (status, _, bytes) = call(app, "POST", path, Some(body.to_string()), None).await;
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)));
+    (status, value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_named_twice_is_refused_by_every_endpoint_in_its_own_shape() {
+    let app = app();
+    let predicate = r#"[{"type": "predicate", "name": "a", "instructions": "A?"}]"#;
+    // OpenAI's shape, which our own endpoints share.
+    for (path, body, param) in [
+        (
+            "/v1/decisions",
+            format!(r#"{{"input": "hi", "questions": {predicate}, "input": "there"}}"#),
+            "input",
+        ),
+        (
+            "/v1/select",
+            r#"{"text": "hi", "tools": [{"name": "a"}, {"name": "b", "name": "c"}]}"#.into(),
+            "tools[1].name",
+        ),
+        (
+            "/v1/route",
+            r#"{"text": "hi", "routes": [{"name": "a", "description": "x", "description": "y"}, {"name": "b"}]}"#.into(),
+            "routes[0].description",
+        ),
+        (
+            "/v1/tool_search",
+            r#"{"provider": "openai", "query": "x", "tools": [{"name": "a"}], "query": "y"}"#.into(),
+            "query",
+        ),
+        (
+            "/v1/embeddings",
+            r#"{"input": "a", "input": "b"}"#.into(),
+            "input",
+        ),
+        (
+            "/v1/rerank",
+            r#"{"query": "q", "documents": ["a"], "top_n": 1, "top_n": 2}"#.into(),
+            "top_n",
+        ),
+    ] {
+        let (status, got) = post_text(&app, path, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {got}");
+        assert_eq!(got["error"]["type"], "invalid_request_error", "{got}");
+        assert_eq!(got["error"]["param"], param, "{path}: {got}");
+        let message = got["error"]["message"].as_str().unwrap();
+        let key = param.rsplit('.').next().unwrap();
+        assert!(
+            message.starts_with(&format!("{param}: duplicate key \"{key}\" at line 1 column ")),
+            "{path}: {message}"
+        );
+    }
+    // Where: the line and column of the second naming.
+    let (_, got) = post_text(
+        &app,
+        "/v1/embeddings",
+        "{\"input\": \"a\",\n \"input\": \"b\"}",
+    )
+    .await;
+    assert_eq!(
+        got["error"]["message"],
+        "input: duplicate key \"input\" at line 2 column 8"
+    );
+    // System One's shape.
+    let (status, got) = post_text(
+        &app,
+        "/v1/systemone",
+        r#"{"state": {"ticket": "a", "ticket": "b"}, "questions": {}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+    assert_eq!(got["error"]["field"], "state.ticket", "{got}");
+    assert!(got["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("duplicate key \"ticket\""));
+    // text-embeddings-inference's shape.
+    for (path, body, start) in [
+        (
+            "/embed",
+            r#"{"inputs": "a", "inputs": "b"}"#,
+            "inputs: duplicate key",
+        ),
+        (
+            "/rerank",
+            r#"{"query": "q", "texts": ["a"], "query": "r"}"#,
+            "query: duplicate key",
+        ),
+    ] {
+        let (status, got) = post_text(&app, path, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {got}");
+        assert_eq!(got["error_type"], "Validation", "{got}");
+        assert!(
+            got["error"].as_str().unwrap().starts_with(start),
+            "{path}: {got}"
+        );
+    }
+    // A body large enough to be checked off the runtime says the same.
+    let tools: Vec<String> = (0..200)
+        .map(|i| {
+            format!(
+                r#"{{"name": "t{i}", "description": "{}"}}"#,
+                "x".repeat(500)
+            )
+        })
+        .collect();
+    let body = format!(
+        r#"{{"text": "hi", "tools": [{}], "text": "again"}}"#,
+        tools.join(", ")
+    );
+    assert!(body.len() > 64 * 1024);
+    let (status, got) = post_text(&app, "/v1/select", &body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+    assert_eq!(got["error"]["param"], "text", "{got}");
+    // Not JSON at all is still the endpoint's own complaint, and a key repeated in different
+    // objects is no repeat.
+    let (status, got) = post_text(&app, "/v1/decisions", r#"{"input": "hi", "#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+    assert!(!got["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("duplicate"));
+    let (status, got) = post_text(
+        &app,
+        "/v1/select",
+        r#"{"text": "weather", "tools": [{"name": "a", "description": "d"}, {"name": "b", "description": "d"}]}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_search_skips_hosted_tools_and_still_refuses_a_malformed_function() {
+    let app = app();
+    let weather = json!({"type": "function", "name": "get_weather", "description": "Current weather of a city",
+                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                         "defer_loading": true});
+    let email = json!({"type": "function", "name": "send_email", "description": "Sends an email",
+                       "parameters": {"type": "object", "properties": {"to": {"type": "string"}}},
+                       "defer_loading": true});
+    let (status, got) = post(
+        &app,
+        "/v1/tool_search",
+        json!({"provider": "openai", "max_results": 1, "query": "weather in Paris",
+               "tools": [{"type": "tool_search", "execution": "client"}, weather, {"type": "web_search"}, email]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(got["tools"], json!([weather]), "{got}");
+    let (status, got) = post(
+        &app,
+        "/v1/tool_search",
+        json!({"provider": "anthropic", "max_results": 1,
+               "call": {"type": "tool_use", "id": "toolu_1", "name": "tool_search", "input": {"query": "send a mail"}},
+               "tools": [{"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"},
+                         {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+                         {"name": "get_weather", "description": "Current weather of a city", "input_schema": {"type": "object"}},
+                         {"name": "send_email", "description": "Sends an email", "input_schema": {"type": "object"}}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(
+        got["content"],
+        json!([{"type": "tool_reference", "tool_name": "send_email"}])
+    );
+    let (status, got) = post(
+        &app,
+        "/v1/tool_search",
+        json!({"provider": "openai", "query": "x",
+               "tools": [{"type": "web_search"}, weather, {"type": "function", "description": "no name"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+    assert_eq!(got["error"]["param"], "tools[2].name", "{got}");
+}

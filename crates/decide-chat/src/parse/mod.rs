@@ -9,7 +9,7 @@ mod tools;
 
 pub use input::{conversation, from_slice, from_value, messages_field, tools_field};
 pub use messages::{parse_messages, parse_messages_str};
-pub use tools::{parse_tools, parse_tools_str};
+pub use tools::{parse_tools, parse_tools_str, parse_tools_where};
 
 use serde_json::{Map, Value};
 

@@ -29,6 +29,18 @@ pub fn parse_tools_str(text: &str) -> Result<Vec<ToolSpecification>, ParseError>
 /// the metadata key `"annotations"` and MCP `_meta` entries are merged in, so a server can mark a tool
 /// `"searchBehavior": "ALWAYS_VISIBLE"`. Names must be unique, because an LLM calls tools by name.
 pub fn parse_tools(json: &Value) -> Result<Vec<ToolSpecification>, ParseError> {
+    Ok(parse_tools_where(json, |_| true)?
+        .into_iter()
+        .map(|(_, tool)| tool)
+        .collect())
+}
+
+/// [`parse_tools`] over the entries of the list that `keep` accepts, each with its index in the list: the others are
+/// skipped unread, and errors name an entry by its place in the list as given.
+pub fn parse_tools_where(
+    json: &Value,
+    keep: impl Fn(&Value) -> bool,
+) -> Result<Vec<(usize, ToolSpecification)>, ParseError> {
     const EXPECTED: &str =
         r#"expected an array of tools, an object with "tools" or a JSON-RPC tools/list response"#;
     let (base, items) = match json {
@@ -74,6 +86,9 @@ pub fn parse_tools(json: &Value) -> Result<Vec<ToolSpecification>, ParseError> {
     let mut first_index: HashMap<String, usize> = HashMap::new();
     let mut tools = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
+        if !keep(item) {
+            continue;
+        }
         let path = format!("{base}[{index}]");
         let (tool, name_path) = parse_tool(item, &path)?;
         if let Some(first) = first_index.get(&tool.name) {
@@ -86,7 +101,7 @@ pub fn parse_tools(json: &Value) -> Result<Vec<ToolSpecification>, ParseError> {
             ));
         }
         first_index.insert(tool.name.clone(), index);
-        tools.push(tool);
+        tools.push((index, tool));
     }
     Ok(tools)
 }
