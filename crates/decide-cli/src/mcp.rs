@@ -52,19 +52,6 @@ fn http_options(args: &McpArgs) -> anyhow::Result<HttpOptions> {
     })
 }
 
-/// Sessions opened and dropped by the thousand leave their freed memory in glibc's heap, where it stays counted in
-/// the resident set; trimming it every few seconds, as `decide serve` does, gives it back once they are gone.
-async fn return_freed_memory() {
-    let mut every = tokio::time::interval(Duration::from_secs(5));
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim only returns free memory to the kernel; it is thread-safe.
-        let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
-    }
-}
-
 /// The upstream servers of `--config`, `--mcp` and `--mcp-url`, in that order, each with its configured name.
 fn upstreams(args: &McpArgs) -> anyhow::Result<Vec<(Option<String>, ServerSpec)>> {
     let mut servers: Vec<(Option<String>, ServerSpec)> = Vec::new();
@@ -107,7 +94,7 @@ async fn serve_http(
     // The address goes to stderr, so a script (or a test) that binds port 0 can read it.
     eprintln!("decide mcp: {started}; listening on http://{local}/mcp");
     // Each session's state is freed when it ends; glibc keeps it unless asked to give it back.
-    tokio::spawn(return_freed_memory());
+    tokio::spawn(crate::serve::return_freed_memory());
     decide_mcp::serve_http(gateway, listener, options, crate::serve::shutdown())
         .await
         .map_err(anyhow::Error::msg)?;

@@ -128,10 +128,10 @@ async fn serve(
     Ok(())
 }
 
-/// A burst of large requests grows the allocator's arenas (one per thread that tokenized or
-/// ran the model); glibc keeps freed memory in them. Trimming them every few seconds brings
-/// the resident set back near its idle size once the burst is over.
-async fn return_freed_memory() {
+/// A burst of large requests, or sessions opened and dropped by the thousand in `decide mcp
+/// --http`, grows the allocator's arenas; glibc keeps freed memory in them. Trimming them every
+/// few seconds brings the resident set back near its idle size once the burst is over.
+pub(crate) async fn return_freed_memory() {
     let mut every = tokio::time::interval(Duration::from_secs(5));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
