@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use decide_chat::provider::BoxError;
+use decide_chat::BoxError;
 use decide_chat::ChatMessage;
 
 /// The fewest messages a window may hold: a user message, the assistant's tool call and the tool's result must fit,

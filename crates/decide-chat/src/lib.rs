@@ -21,7 +21,8 @@
 //! * **Parsers name the problem.** [`parse_messages`] and [`parse_tools`] accept the shapes found in the wild (OpenAI
 //!   chat requests, bare tool arrays, MCP `tools/list` results and whole JSON-RPC responses) and reject anything else
 //!   with a one-line [`ParseError`] naming the JSON path, e.g. `tools[3].function.name: missing`. They never panic:
-//!   the input is whatever a user pointed the command line at.
+//!   the input is whatever a user pointed the command line at. Typed request bodies read through [`from_value`] or
+//!   [`from_slice`] get errors of the same shape, and [`messages_field`] and [`tools_field`] read their conversation.
 //! * **One tool-provider interface.** [`ToolProvider`] (LangChain4j's `ToolProvider`) is how an agent gets its tools
 //!   before an LLM call; the decision-model filter wraps one and is one, and the agent loop will ask them, so the
 //!   trait and its request and result types live here with the conversation they describe.
@@ -63,28 +64,34 @@
 
 #![deny(missing_docs)]
 
-pub mod chat_model;
-pub mod error;
-pub mod message;
-pub mod parse;
-pub mod provider;
-pub mod render;
-pub mod streaming_chat_model;
-pub mod tool;
+mod chat_model;
+mod error;
+mod message;
+mod parse;
+mod provider;
+mod render;
+mod streaming_chat_model;
+mod tool;
 
 pub use chat_model::{
     Capabilities, ChatFuture, ChatModel, ChatModelError, ChatRequest, ChatRequestBuilder,
     ChatResponse, ChatTokenUsage, MockChatModel, ResponseFormat,
 };
+/// Public for the workspace's crates, which word their JSON errors alike; not part of the API.
+#[doc(hidden)]
+pub use error::type_name;
 pub use error::ParseError;
 pub use message::{
     to_openai_json, AssistantMessage, ChatMessage, Content, FileRef, SystemMessage, ToolCall,
     ToolResultMessage, UserMessage,
 };
-pub use parse::{parse_messages, parse_messages_str, parse_tools, parse_tools_str};
+pub use parse::{
+    conversation, from_slice, from_value, messages_field, parse_messages, parse_messages_str,
+    parse_tools, parse_tools_str, parse_tools_where, tools_field,
+};
 pub use provider::{
-    InvocationContext, ProvidedTool, StaticToolProvider, ToolExecutionError, ToolExecutor,
-    ToolProvider, ToolProviderError, ToolProviderRequest, ToolProviderRequestBuilder,
+    BoxError, InvocationContext, ProvidedTool, StaticToolProvider, ToolExecutionError,
+    ToolExecutor, ToolProvider, ToolProviderError, ToolProviderRequest, ToolProviderRequestBuilder,
     ToolProviderResult,
 };
 pub use render::{

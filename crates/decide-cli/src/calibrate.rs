@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use decide_contract::ConformalSource;
-use decide_engine::{registry, sigmoid, Calibration, Conformal, Manifest, NeedsTool, Scoring};
+use decide_engine::{
+    conformal_toml, sigmoid, Calibration, Conformal, Manifest, NeedsTool, Scoring,
+};
 use decide_eval::Reliability;
 
 use crate::args::{CalibrateArgs, CasesArgs, FilterArgs, Global};
@@ -303,10 +305,11 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
     };
     let conformal = conformal_table(&scored, stored, &data, &more, &files)?;
     let thresholds = shown_thresholds(|r| conformal.threshold(r))?;
-    let before = model.calibration_in_use().map(|c| Quality::of(&scored, c));
+    let about = model.about();
+    let before = about.calibration.map(|c| Quality::of(&scored, c));
     let after = Quality::of(&scored, fit);
     if let Some(path) = &args.plot {
-        let title = format!("{}: reliability on {} cases", model.name(), scored.cases);
+        let title = format!("{}: reliability on {} cases", about.name, scored.cases);
         let mut curves = Vec::new();
         if let Some(b) = &before {
             curves.push(("before", &b.reliability));
@@ -345,10 +348,11 @@ pub fn run(global: &Global, args: CalibrateArgs) -> anyhow::Result<()> {
 /// The outcome as one JSON object on one line.
 fn print_json(out: &mut impl Write, model: &Decider, o: &Outcome) -> anyhow::Result<()> {
     let (fit, conformal) = (o.after.calibration, &o.conformal);
+    let about = model.about();
     let line = serde_json::json!({
-        "model": model.name(), "a": fit.a, "b": fit.b,
-        "lexical_weight": model.lexical_weight(),
-        "tool_parameters": model.tool_parameters(),
+        "model": about.name, "a": fit.a, "b": fit.b,
+        "lexical_weight": about.lexical_weight,
+        "tool_parameters": about.tool_parameters,
         "cases": o.cases, "pairs": o.pairs, "positives": o.positives,
         "log_loss": o.after.log_loss, "ece": o.after.reliability.ece,
         "log_loss_before": o.before.as_ref().map(|b| b.log_loss),
@@ -383,7 +387,7 @@ fn print_text(
     writeln!(
         out,
         "{} on {}: {} cases, {} pairs ({} needed)",
-        model.name(),
+        model.about().name,
         o.files,
         o.cases,
         o.pairs,
@@ -424,7 +428,7 @@ fn print_text(
             "[calibration]\na = {:.4}\nb = {:.4}\n\n{}",
             round4(fit.a),
             round4(fit.b),
-            registry::conformal_toml(&o.conformal)
+            conformal_toml(&o.conformal)
         )?,
     }
     if let Some(path) = &args.plot {
@@ -505,10 +509,11 @@ fn write_manifest(
     conformal: &Conformal,
     head: Option<&NeedsTool>,
 ) -> anyhow::Result<Option<PathBuf>> {
-    let Some(dir) = model.model_dir() else {
+    let about = model.about();
+    let Some(dir) = about.model_dir else {
         eprintln!(
             "note: {} has no manifest: the fit is printed below",
-            model.name()
+            about.name
         );
         return Ok(None);
     };
@@ -521,8 +526,8 @@ fn write_manifest(
         return Ok(None);
     }
     let scoring = Scoring {
-        lexical_weight: model.lexical_weight(),
-        tool_parameters: model.tool_parameters(),
+        lexical_weight: about.lexical_weight,
+        tool_parameters: about.tool_parameters,
     };
     Manifest::update_calibration(&path, fit, scoring, conformal)?;
     if let Some(head) = head {

@@ -86,7 +86,7 @@ fn print_json(
 ) -> anyhow::Result<()> {
     let mut json = serde_json::to_value(report)?;
     if let Some(map) = json.as_object_mut() {
-        map.insert("model".into(), engine.name().into());
+        map.insert("model".into(), engine.about().name.into());
         map.insert("target_recall".into(), args.filter.target_recall.into());
         if let Some(s) = seen {
             map.insert(
@@ -108,6 +108,7 @@ fn print_text(
     args: &EvalArgs,
     seen: Option<&SeenIn>,
 ) -> anyhow::Result<()> {
+    let about = engine.about();
     writeln!(
         out,
         "{} cases from {} ({} with one tool, {} with any, {} with none), {} pairs, {} on {}",
@@ -117,8 +118,8 @@ fn print_text(
         report.tool_cases,
         report.no_tool_cases,
         report.pairs,
-        engine.name(),
-        engine.device_name()
+        about.name,
+        about.device
     )?;
     print_threshold(out, report, engine, args.filter.target_recall)?;
     for (metric, value) in table(report) {
@@ -146,7 +147,7 @@ fn print_threshold(
     engine: &Decider,
     target_recall: Option<f64>,
 ) -> anyhow::Result<()> {
-    match (target_recall, engine.conformal()) {
+    match (target_recall, engine.about().conformal) {
         (Some(r), Some(c)) => writeln!(
             out,
             "threshold {} from --target-recall {r} (conformal: {} needed tools of {} cases from {})",

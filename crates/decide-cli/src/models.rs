@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use decide_engine::{registry, Manifest};
+use decide_engine::{resolve, Manifest};
 
 use crate::args::{Global, ModelsArgs, ModelsCommand};
 
@@ -11,7 +11,7 @@ pub fn run(_global: &Global, args: ModelsArgs) -> anyhow::Result<()> {
     match args.command {
         ModelsCommand::List => {
             for m in Manifest::builtin() {
-                let place = match registry::resolve(&m.name) {
+                let place = match resolve(&m.name) {
                     Ok(loc) => loc.dir.display().to_string(),
                     Err(_) => "not on this machine".into(),
                 };
@@ -26,7 +26,7 @@ pub fn run(_global: &Global, args: ModelsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ModelsCommand::Path { name } => {
-            let loc = registry::resolve(&name)?;
+            let loc = resolve(&name)?;
             writeln!(out, "{}", loc.dir.display())?;
             Ok(())
         }

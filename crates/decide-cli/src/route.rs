@@ -54,12 +54,13 @@ pub fn run(global: &Global, args: RouteArgs) -> anyhow::Result<()> {
         writeln!(out, "{}", serde_json::to_string(&response)?)?;
         return Ok(());
     }
+    let about = engine.about();
     writeln!(
         out,
         "route: {} ({} on {}, {:.1} ms)",
         printable(chosen),
-        engine.name(),
-        engine.device_name(),
+        about.name,
+        about.device,
         elapsed.as_secs_f64() * 1000.0
     )?;
     if let Some(note) = reason_note(&decision, args.min_probability) {

@@ -43,13 +43,14 @@ pub fn run(global: &Global, args: SelectArgs) -> anyhow::Result<()> {
         writeln!(out, "{}", serde_json::to_string(&response)?)?;
         return Ok(());
     }
+    let about = engine.about();
     let summary = format!(
         "{} of {} tools selected ({}, {} on {}, {:.1} ms)",
         response.selected.len(),
         response.scores.len(),
         rule(&filter),
-        engine.name(),
-        engine.device_name(),
+        about.name,
+        about.device,
         elapsed.as_secs_f64() * 1000.0
     );
     print_table(&mut out, &summary, &selection)

@@ -24,10 +24,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_engine::registry::{self, ModelLocation};
-use decide_engine::tool_text;
+use decide_engine::{file_sha256, resolve, tool_text, ModelLocation};
 use decide_train::{
-    file_sha256, EpochEnd, Example, ExampleSpool, Hyper, ModelMeta, Outcome, RunObserver, Schedule,
+    EpochEnd, Example, ExampleSpool, Hyper, ModelMeta, Outcome, RunObserver, Schedule,
     StepProgress, TrainHead, Trainer,
 };
 
@@ -309,7 +308,7 @@ fn spool_cases(base: &Decider, args: &TrainArgs, trains_no_tool: bool) -> anyhow
     let mut documents = Documents::default();
     let mut spool = ExampleSpool::create(&beside(&args.out, "spool")?)?;
     let mut no_tool = 0;
-    let tool_parameters = base.tool_parameters();
+    let tool_parameters = base.about().tool_parameters;
     for_each_case(&args.data, args.tools.as_ref(), |at, case, expected| {
         let provider = build_filter(base, case.tools.clone(), &args.filter)?;
         let request = provider_request(&case.messages).with_context(|| at.to_string())?;
@@ -447,9 +446,9 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let hyper = hyper(&args);
     let trains_no_tool = hyper.no_tool_margin.is_some();
     let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
-    let location = registry::resolve(&base_spec)?;
+    let location = resolve(&base_spec)?;
     let base_model = with_model(global, base_spec.clone()).decider(true)?;
-    let tool_parameters = base_model.tool_parameters();
+    let tool_parameters = base_model.about().tool_parameters;
     let spooled = spool_cases(&base_model, &args, trains_no_tool)?;
     let device = global.device.open()?;
     let mut trainer = Trainer::from_source(

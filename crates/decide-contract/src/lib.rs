@@ -69,15 +69,15 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod conformal;
-pub mod error;
-pub mod listener;
-pub mod mock;
-pub mod model;
-pub mod request;
-pub mod response;
+mod conformal;
+mod error;
+mod listener;
+mod mock;
+mod model;
+mod request;
+mod response;
 mod serde_util;
-pub mod validate;
+mod validate;
 
 pub use conformal::{Conformal, ConformalSource, InvalidTargetRecall};
 pub use error::{AnswerKind, BoxError, DecisionError, Result};

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 
 use decide_contract::{DecisionError, DecisionModel, DecisionRequest, DecisionResponse};
 
-use crate::answering::{plan, respond, yes_no_raw, Scored, Scorer};
+use crate::answering::{plan, respond, yes_no_raw, Scored, Scorer, ScorerInfo};
 use crate::calibration::Calibration;
 
 /// BM25's term-frequency saturation.
@@ -266,16 +266,8 @@ impl Bm25Model {
 }
 
 impl Scorer for Bm25Model {
-    fn name(&self) -> String {
-        BM25_MODEL_NAME.into()
-    }
-
-    fn device_name(&self) -> String {
-        "cpu".into()
-    }
-
-    fn calibration_in_use(&self) -> Option<Calibration> {
-        Some(self.calibration)
+    fn about(&self) -> ScorerInfo<'_> {
+        ScorerInfo::new(BM25_MODEL_NAME.into(), "cpu".into(), Some(self.calibration))
     }
 
     /// Each document's [`coverage`](Bm25Index::coverage) of the last user message, or with

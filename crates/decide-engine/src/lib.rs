@@ -40,8 +40,9 @@
 //!
 //! ## Models
 //!
-//! [`registry`] resolves a model offline (a folder, `models/<name>/`, or the Hugging Face
-//! cache) and never downloads; `decide models pull` (the `hub` feature) does.
+//! [`resolve`] finds a model offline (a folder, `models/<name>/`, or the Hugging Face cache)
+//! and never downloads; `decide models pull` (the `hub` feature) does. A model's folder is
+//! described by its [`Manifest`].
 //!
 //! ## Devices
 //!
@@ -64,11 +65,12 @@
 //!
 //! * `backend`: the model behind a forward interface over token rows: `config.json`, the
 //!   device, the weights, the encoder and its kernels, batching and packing;
-//! * [`tokenize`]: text to token rows, trimmed to the model's length;
+//! * `tokenize`: text to token rows ([`Tokenization`]), trimmed to the model's length;
+//! * `registry`: models on disk: the [`Manifest`] and offline resolution ([`resolve`]);
 //! * `answering`: from a request to documents and from their raw scores to calibrated
 //!   answers, shared by every model through [`Scorer`], and the [`Cascade`] of two; it depends
 //!   on the contract, [`Calibration`] and [`EngineError`] alone;
-//! * [`lexical`]: BM25, alone ([`Bm25Model`]) and as the engine's hybrid term;
+//! * `lexical`: BM25, alone ([`Bm25Model`]) and as the engine's hybrid term ([`Bm25Index`]);
 //! * `scoring`: the [`Engine`]: stage (tokenize, look up cached embeddings), forward, finish
 //!   (cosines or logits) for any query and candidates, and for a whole decision.
 #![deny(missing_docs)]
@@ -79,16 +81,16 @@ mod backend;
 pub mod bench;
 mod calibration;
 mod error;
-pub mod lexical;
+mod lexical;
 mod needs_tool;
 #[cfg(feature = "hub")]
 mod pull;
-pub mod registry;
+mod registry;
 mod scoring;
-pub mod tokenize;
+mod tokenize;
 
 pub use answering::{
-    candidate_text, tool_text, Cascade, Scorer, DEFAULT_TOP_K, MAX_TEXT_PARAMETERS,
+    candidate_text, tool_text, Cascade, Scorer, ScorerInfo, DEFAULT_TOP_K, MAX_TEXT_PARAMETERS,
 };
 pub use backend::config::{Activation, EncoderConfig, Family};
 pub use backend::device::{CpuKernels, DeviceSpec, Precision};
@@ -97,11 +99,14 @@ pub use calibration::{sigmoid, softmax, Calibration};
 /// without depending on the engine.
 pub use decide_contract::Conformal;
 pub use error::{EngineError, Result};
-pub use lexical::{Bm25Model, BM25_MODEL_NAME};
+pub use lexical::{Bm25Index, Bm25Model, BM25_CALIBRATION, BM25_MODEL_NAME};
 pub use needs_tool::NeedsTool;
 #[cfg(feature = "hub")]
 pub use pull::pull;
-pub use registry::{Build, HeadName, Manifest, ModelLocation, Scoring, BASE_MODEL, DEFAULT_MODEL};
+pub use registry::{
+    conformal_toml, file_sha256, resolve, Build, HeadName, Manifest, ModelLocation, Scoring,
+    BASE_MODEL, DEFAULT_MODEL,
+};
 pub use scoring::decision::StagedDecision;
 pub use scoring::staged::{EmbeddingRow, EncodedRow, StagedScores};
 pub use scoring::{

@@ -124,8 +124,8 @@ impl NeedsTool {
     /// Fits the head on conversations' [`features`](Self::features) and whether each needs a
     /// tool: logistic regression on the features standardized per input, the two classes
     /// weighted to count the same (the share of no-tool conversations in training data says
-    /// nothing of a user's), by [`STEPS`] full-batch gradient steps from zero. The
-    /// standardization is folded into the weights, so the head reads features as they come.
+    /// nothing of a user's), by a fixed number (`STEPS`) of full-batch gradient steps from zero.
+    /// The standardization is folded into the weights, so the head reads features as they come.
     /// `None` without both kinds of conversation or with rows of unequal width.
     pub fn fit(
         rows: &[Vec<f64>],

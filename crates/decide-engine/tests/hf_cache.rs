@@ -4,7 +4,7 @@
 
 mod common;
 
-use decide_engine::{registry, Engine};
+use decide_engine::{resolve, Engine};
 
 #[test]
 fn a_model_in_the_hugging_face_cache_is_found_by_its_id() {
@@ -24,7 +24,7 @@ fn a_model_in_the_hugging_face_cache_is_found_by_its_id() {
     }
     std::env::set_var("HF_HOME", &home);
 
-    let location = registry::resolve("acme/tiny-reranker").unwrap();
+    let location = resolve("acme/tiny-reranker").unwrap();
     assert_eq!(location.dir, snapshot.canonicalize().unwrap());
     let engine = Engine::builder()
         .model("acme/tiny-reranker")
@@ -32,7 +32,7 @@ fn a_model_in_the_hugging_face_cache_is_found_by_its_id() {
         .unwrap();
     assert_eq!(engine.info().name, "acme/tiny-reranker");
 
-    let err = registry::resolve("acme/not-there").unwrap_err().to_string();
+    let err = resolve("acme/not-there").unwrap_err().to_string();
     assert!(err.contains("the Hugging Face cache"), "{err}");
     assert!(err.contains("decide models pull acme/not-there"), "{err}");
     std::fs::remove_dir_all(&home).unwrap();

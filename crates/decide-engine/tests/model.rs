@@ -524,7 +524,7 @@ fn hybrid_scores_add_the_weighted_bm25_coverage() {
     let hybrid = engine().yes_no_scores(&request).unwrap();
     let plain = neural.yes_no_scores(&request).unwrap();
     let docs: Vec<String> = TOOLS.iter().map(|(n, d)| candidate_text(n, d)).collect();
-    let coverage = decide_engine::lexical::Bm25Index::new(&docs).coverage(text);
+    let coverage = decide_engine::Bm25Index::new(&docs).coverage(text);
     assert!(coverage.iter().any(|c| *c > 0.0));
     for (i, ((_, h), (_, p))) in hybrid.iter().zip(&plain).enumerate() {
         assert!(

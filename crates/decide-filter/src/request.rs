@@ -1,7 +1,7 @@
 //! The tool selection as users ask for it (a `/v1/select` body, the command line's options): read once with serde,
 //! unknown keys refused, and checked on the way in, so that every front end sets the filter up alike.
 
-use decide_chat::parse::{conversation, from_slice, from_value, messages_field, tools_field};
+use decide_chat::{conversation, from_slice, from_value, messages_field, tools_field};
 use decide_chat::{ChatMessage, ParseError, ToolProviderRequest, ToolSpecification};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

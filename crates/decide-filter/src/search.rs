@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use decide_chat::parse::{from_value, parse_tools_where};
+use decide_chat::{from_value, parse_tools_where};
 use decide_chat::{
     ParseError, StaticToolProvider, ToolProviderRequest, ToolSpecification, UserMessage,
 };

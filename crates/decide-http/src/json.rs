@@ -4,7 +4,7 @@ use serde_json::{Map, Value};
 
 use crate::WireError;
 
-pub(crate) use decide_chat::error::type_name;
+pub(crate) use decide_chat::type_name;
 
 /// `at.key`, or `key` at the top.
 pub(crate) fn join(at: &str, key: &str) -> String {

@@ -192,7 +192,7 @@ impl Decider {
         self.engine.as_ref().ok_or_else(|| {
             invalid(format!(
                 "model '{}' is lexical (BM25): embeddings and reranking need a neural model",
-                self.scorer.name()
+                self.scorer.about().name
             ))
         })
     }
@@ -234,13 +234,13 @@ impl Decider {
     /// The model's name.
     #[getter]
     fn name(&self) -> String {
-        self.scorer.name()
+        self.scorer.about().name
     }
 
     /// The device it runs on.
     #[getter]
     fn device(&self) -> String {
-        self.scorer.device_name()
+        self.scorer.about().device
     }
 
     /// The precision of its weights (`f32`, `int8`, ...); `None` for BM25.
@@ -460,10 +460,7 @@ impl Decider {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "Decider(model={:?}, device={:?})",
-            self.scorer.name(),
-            self.scorer.device_name()
-        )
+        let about = self.scorer.about();
+        format!("Decider(model={:?}, device={:?})", about.name, about.device)
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use decide_chat::parse::{conversation, from_slice, from_value, messages_field};
+use decide_chat::{conversation, from_slice, from_value, messages_field};
 use decide_chat::{ChatMessage, ChatRequest, ParseError};
 use decide_contract::DecisionModel;
 use serde::{Deserialize, Serialize};

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
-use decide_chat::error::type_name;
+use decide_chat::type_name;
 use decide_engine::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -179,7 +179,7 @@ async fn openai_embeddings(
     State(state): State<AppState>,
     Body(raw): Body,
 ) -> Result<Json<Value>, ApiError> {
-    let request: OpenAiRequest = decide_chat::parse::from_slice(&raw)?;
+    let request: OpenAiRequest = decide_chat::from_slice(&raw)?;
     check_model(state.model().engine(), request.model.as_deref())?;
     let texts = texts("input", request.input)?;
     let embedded = embed(&state, texts, false).await?;
@@ -243,7 +243,7 @@ async fn tei_embed(
     body: Result<Body, ApiError>,
 ) -> Result<Json<Vec<Vec<f32>>>, TeiError> {
     let Body(raw) = body?;
-    let request: TeiRequest = decide_chat::parse::from_slice(&raw).map_err(ApiError::from)?;
+    let request: TeiRequest = decide_chat::from_slice(&raw).map_err(ApiError::from)?;
     if request.truncation_direction == Some(Direction::Left) {
         return Err(ApiError::bad(
             "truncation_direction",

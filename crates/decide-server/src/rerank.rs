@@ -112,7 +112,7 @@ async fn tei_rerank(
     body: Result<Body, ApiError>,
 ) -> Result<Json<Vec<Value>>, TeiError> {
     let Body(raw) = body?;
-    let request: TeiRequest = decide_chat::parse::from_slice(&raw).map_err(ApiError::from)?;
+    let request: TeiRequest = decide_chat::from_slice(&raw).map_err(ApiError::from)?;
     let documents: Vec<String> = texts("texts", request.texts)?
         .into_iter()
         .map(|(_, t)| t)
@@ -176,7 +176,7 @@ async fn cohere_rerank(
     State(state): State<AppState>,
     Body(raw): Body,
 ) -> Result<Json<Value>, ApiError> {
-    let request: CohereRequest = decide_chat::parse::from_slice(&raw)?;
+    let request: CohereRequest = decide_chat::from_slice(&raw)?;
     check_model(state.reranker().engine(), request.model.as_deref())?;
     for (field, given) in [
         ("max_tokens_per_doc", &request.max_tokens_per_doc),

@@ -25,7 +25,7 @@ async fn tool_search(
     State(state): State<AppState>,
     Body(raw): Body,
 ) -> Result<Json<Value>, ApiError> {
-    let json: Value = decide_chat::parse::from_slice(&raw)?;
+    let json: Value = decide_chat::from_slice(&raw)?;
     let call = ToolSearchCall::from_value(json)?;
     let most = state.limits().max_options;
     if call.specifications.len() > most {

@@ -52,7 +52,6 @@ mod trainer;
 
 pub use config::{Hyper, TrainHead};
 pub use data::{Example, ExampleSource, ExampleSpool, TrainData};
-pub use decide_engine::registry::file_sha256;
 pub use error::{Result, TrainError};
 pub use export::{write_manifest, written_by_train, ModelMeta};
 pub use run::{beside, EpochEnd, Outcome, RunObserver, Schedule, StepProgress};

@@ -101,7 +101,7 @@ fn join(at: &str, key: &str) -> String {
     }
 }
 
-/// For `#[serde(default, deserialize_with = "decide_chat::parse::messages_field")]`: a conversation in any shape
+/// For `#[serde(default, deserialize_with = "decide_chat::messages_field")]`: a conversation in any shape
 /// [`parse_messages`] reads; null is no conversation.
 pub fn messages_field<'de, D: Deserializer<'de>>(
     deserializer: D,
@@ -109,7 +109,7 @@ pub fn messages_field<'de, D: Deserializer<'de>>(
     parsed_field(deserializer, parse_messages)
 }
 
-/// For `#[serde(default, deserialize_with = "decide_chat::parse::tools_field")]`: a tool list in any shape
+/// For `#[serde(default, deserialize_with = "decide_chat::tools_field")]`: a tool list in any shape
 /// [`parse_tools`] reads; null is no list.
 pub fn tools_field<'de, D: Deserializer<'de>>(
     deserializer: D,

@@ -7,8 +7,7 @@ use decide_contract::{
     Question, YesNoAnswer,
 };
 
-use super::Scorer;
-use crate::calibration::Calibration;
+use super::{Scorer, ScorerInfo};
 
 /// How many questions the rescorer sees by default.
 pub const DEFAULT_TOP_K: usize = 20;
@@ -185,27 +184,24 @@ impl<M: DecisionModel + ?Sized> DecisionModel for Cascade<M> {
 }
 
 impl Scorer for Cascade<dyn Scorer> {
-    fn name(&self) -> String {
-        format!("{} → {}", self.shortlist.name(), self.rescorer.name())
-    }
-
-    fn device_name(&self) -> String {
-        let (a, b) = (self.shortlist.device_name(), self.rescorer.device_name());
-        if a == b {
-            a
+    /// Both names and devices; no calibration, since the probabilities come from two; the
+    /// shortlist's needs-tool head, since it answers the needs-tool question; nothing else, as
+    /// the cascade has no files of its own.
+    fn about(&self) -> ScorerInfo<'_> {
+        let (shortlist, rescorer) = (self.shortlist.about(), self.rescorer.about());
+        let device = if shortlist.device == rescorer.device {
+            shortlist.device
         } else {
-            format!("{a} + {b}")
+            format!("{} + {}", shortlist.device, rescorer.device)
+        };
+        ScorerInfo {
+            needs_tool: shortlist.needs_tool,
+            ..ScorerInfo::new(
+                format!("{} → {}", shortlist.name, rescorer.name),
+                device,
+                None,
+            )
         }
-    }
-
-    /// `None`: the probabilities come from two calibrations.
-    fn calibration_in_use(&self) -> Option<Calibration> {
-        None
-    }
-
-    /// The shortlist's: it answers the needs-tool question.
-    fn needs_tool(&self) -> Option<&crate::NeedsTool> {
-        self.shortlist.needs_tool()
     }
 
     fn yes_no_scores(

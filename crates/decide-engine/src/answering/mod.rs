@@ -21,52 +21,63 @@ pub use cascade::{Cascade, DEFAULT_TOP_K};
 pub use plan::{candidate_text, tool_text, MAX_TEXT_PARAMETERS};
 pub(crate) use plan::{plan, respond, yes_no_raw, Plan, Scored};
 
-/// A decision model whose answers are calibrated raw scores: what reports, calibration and
-/// `--target-recall` need to know about it beyond its answers.
-pub trait Scorer: DecisionModel {
+/// What reports, calibration and `--target-recall` need to know about a [`Scorer`] beyond its
+/// answers: plain facts, gathered in one value so that the trait keeps to what models compute
+/// and a new fact is a field rather than another method on every model.
+#[derive(Debug, Clone)]
+pub struct ScorerInfo<'a> {
     /// The model's name, as reports and error messages give it.
-    fn name(&self) -> String;
-
+    pub name: String,
     /// The device it runs on, as reports give it.
-    fn device_name(&self) -> String;
-
+    pub device: String,
     /// The calibration its answers use now; `None` before one is fitted, or when its
     /// probabilities come from more than one.
-    fn calibration_in_use(&self) -> Option<Calibration>;
-
+    pub calibration: Option<Calibration>,
     /// The conformal table of its manifest (see
     /// [`Engine::conformal`](crate::Engine::conformal)); `None` without one.
-    fn conformal(&self) -> Option<&Conformal> {
-        None
-    }
-
-    /// The conformal table, or an error naming the model and the command that adds one.
-    fn require_conformal(&self) -> Result<&Conformal, EngineError> {
-        self.conformal()
-            .ok_or_else(|| EngineError::NoConformal { model: self.name() })
-    }
-
+    pub conformal: Option<&'a Conformal>,
     /// The weight of BM25 in its hybrid scores (0: none).
-    fn lexical_weight(&self) -> f64 {
-        0.0
-    }
-
+    pub lexical_weight: f64,
     /// Whether a tool's text carries its parameter names ([`tool_text`]).
-    fn tool_parameters(&self) -> bool {
-        false
-    }
-
+    pub tool_parameters: bool,
     /// The folder of the model, where its manifest lives; `None` for a model without files.
-    fn model_dir(&self) -> Option<&Path> {
-        None
-    }
-
+    pub model_dir: Option<&'a Path>,
     /// The needs-tool head that answers
     /// [`YesNoQuestion::needs_tool`](decide_contract::YesNoQuestion::needs_tool), with the
     /// threshold of the further tools; `None` for a model without one.
-    fn needs_tool(&self) -> Option<&NeedsTool> {
-        None
+    pub needs_tool: Option<&'a NeedsTool>,
+}
+
+impl<'a> ScorerInfo<'a> {
+    /// The facts of a model without files, manifest or needs-tool head: no conformal table, no
+    /// BM25 term, tool texts without their parameters.
+    pub fn new(name: String, device: String, calibration: Option<Calibration>) -> Self {
+        Self {
+            name,
+            device,
+            calibration,
+            conformal: None,
+            lexical_weight: 0.0,
+            tool_parameters: false,
+            model_dir: None,
+            needs_tool: None,
+        }
     }
+
+    /// The conformal table, or an error naming the model and the command that adds one.
+    pub fn require_conformal(&self) -> Result<&'a Conformal, EngineError> {
+        self.conformal.ok_or_else(|| EngineError::NoConformal {
+            model: self.name.clone(),
+        })
+    }
+}
+
+/// A decision model whose answers are calibrated raw scores: the facts reports need about it
+/// ([`about`](Self::about)), and the numbers behind its answers that calibration and a
+/// needs-tool head are fitted on.
+pub trait Scorer: DecisionModel {
+    /// What reports, calibration and `--target-recall` need to know about the model.
+    fn about(&self) -> ScorerInfo<'_>;
 
     /// What a needs-tool head reads of each input
     /// ([`Engine::conversation_embeddings`](crate::Engine::conversation_embeddings)). Bi-encoders
@@ -79,7 +90,7 @@ pub trait Scorer: DecisionModel {
             option: "needs-tool-data",
             message: format!(
                 "{} has no conversation embeddings: a needs-tool head needs a bi-encoder",
-                self.name()
+                self.about().name
             ),
         })
     }

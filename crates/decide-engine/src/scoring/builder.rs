@@ -1,9 +1,11 @@
 //! Configuring and loading an [`Engine`]: resolving the model, reading its folder (head,
 //! length, calibration, lexical weight, conformal table) and loading the backend.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device};
+use decide_contract::Conformal;
 
 use super::cache::EmbeddingCache;
 use super::{Engine, Inner, ModelInfo, ScoreKind};
@@ -14,6 +16,7 @@ use crate::backend::{
 };
 use crate::calibration::Calibration;
 use crate::error::{require, EngineError, Result};
+use crate::needs_tool::NeedsTool;
 use crate::registry::{self, HeadName, ModelLocation, DEFAULT_MODEL};
 use crate::tokenize::{TokenRow, Tokenization};
 
@@ -113,7 +116,7 @@ impl EngineBuilder {
 
     /// Replaces the weight of BM25 in hybrid scoring (the manifest's
     /// `[scoring] lexical_weight`, else 0): each document's raw score becomes
-    /// `model score + weight · BM25 coverage` (see [`crate::lexical`]). The calibration is
+    /// `model score + weight · BM25 coverage` (see [`Bm25Index::coverage`](crate::Bm25Index::coverage)). The calibration is
     /// fitted for one weight: change both together.
     pub fn lexical_weight(mut self, weight: f64) -> Self {
         self.lexical_weight = Some(weight);
@@ -194,6 +197,8 @@ impl Engine {
         EngineBuilder::default()
     }
 
+    /// Reads the model's folder step by step, in the order its problems are reported: the
+    /// files a user is most likely to have left out first, the costly weights last.
     fn load(
         location: ModelLocation,
         device: Device,
@@ -205,114 +210,218 @@ impl Engine {
         // Loaded before the head is known so that a missing tokenizer is reported first; its
         // length is set once the manifest and the model's limit are read.
         let tokens = Tokenization::from_dir(&dir, config.max_tokens())?;
-
-        let head_name = match location.manifest.as_ref().map(|m| m.head) {
-            Some(h) => h,
-            None if dir.join("modules.json").is_file() && config.labels.is_empty() => {
-                HeadName::BiEncoder
-            }
-            None if !config.labels.is_empty() => HeadName::CrossEncoder,
-            None => {
-                return Err(EngineError::Unsupported {
-                    dir,
-                    message: "neither a sentence-transformers folder (modules.json) nor a \
-                              sequence classifier (id2label in config.json)"
-                        .into(),
-                })
-            }
-        };
+        let head_name = head_name(&location, &config)?;
         let head = match head_name {
             HeadName::BiEncoder => embedding_head(&dir)?,
             HeadName::CrossEncoder => HeadKind::Classifier,
         };
-        let (score_kind, entailment_index) = match head_name {
-            HeadName::BiEncoder => (ScoreKind::Cosine, 0),
-            HeadName::CrossEncoder => match config.labels.len() {
-                0 | 1 => (ScoreKind::Logit, 0),
-                2 => (ScoreKind::Logit, 1),
-                _ => match config
-                    .labels
-                    .iter()
-                    .position(|l| l.eq_ignore_ascii_case("entailment"))
-                {
-                    Some(i) => (ScoreKind::Entailment, i),
-                    None => {
-                        return Err(EngineError::Unsupported {
-                            dir,
-                            message: format!(
-                            "a classifier with {} labels needs an 'entailment' label (labels: {})",
-                            config.labels.len(),
-                            config.labels.join(", ")
-                        ),
-                        })
-                    }
-                },
-            },
-        };
-
-        let calibration = options
-            .calibration
-            .or_else(|| location.manifest.as_ref().and_then(|m| m.calibration))
-            .or(match head_name {
-                // A cross-encoder is trained through a sigmoid or softmax: its own output is
-                // already a probability until a fitted calibration replaces it.
-                HeadName::CrossEncoder => Some(Calibration::IDENTITY),
-                HeadName::BiEncoder => None,
-            });
-        if calibration.is_none() && !options.allow_uncalibrated {
-            return Err(EngineError::Uncalibrated {
-                model: location.name.clone(),
-                hint:
-                    "a bi-encoder's cosine is not a probability; fit one with `decide calibrate` \
-                       and add it as [calibration] to the model's manifest.toml"
-                        .into(),
-            });
-        }
-
-        let model_limit = config.max_tokens();
-        let st_limit = sentence_max_length(&dir)?;
-        let mut max_length = location
-            .manifest
-            .as_ref()
-            .map(|m| m.max_length)
-            .or(st_limit)
-            .unwrap_or(model_limit)
-            .min(model_limit);
-        if let Some(requested) = options.max_length {
-            if requested < 8 || requested > model_limit {
-                return Err(EngineError::InvalidOption {
-                    option: "max-length",
-                    message: format!("{requested} is out of range (8 to {model_limit})"),
-                });
-            }
-            max_length = requested;
-        }
-
+        let (score_kind, entailment_index) = score_kind(&dir, head_name, &config)?;
+        let calibration = calibration(&location, head_name, &options)?;
+        let max_length = max_length(&location, &config, options.max_length)?;
         if let Some(manifest) = &location.manifest {
-            crate::registry::verify_files(&dir, manifest)?;
+            registry::verify_files(&dir, manifest)?;
         }
-        let int8_calibration = match options.precision {
-            Precision::Int8 => int8_calibration(&tokens, head_name)?,
-            _ => Vec::new(),
-        };
-        // On other devices bf16 is candle's own dtype (see `Precision::dtype_for`).
-        let bf16 = options.precision == Precision::Bf16 && matches!(device, Device::Cpu);
-        let backend = CandleBackend::load(
-            &dir,
-            config,
-            &head,
-            location.manifest.as_ref().and_then(|m| m.build.as_ref()),
-            Placement {
-                device,
-                dtype,
-                kernels: options.cpu_kernels,
-                int8: options.precision == Precision::Int8,
-                bf16,
-                int8_calibration,
-                max_batch_tokens: options.max_batch_tokens,
+        let placement = placement(&tokens, head_name, device, dtype, &options)?;
+        let build = location.manifest.as_ref().and_then(|m| m.build.as_ref());
+        let backend = CandleBackend::load(&dir, config, &head, build, placement)?;
+        let scoring = ScoringSettings::new(&location, &options);
+        let needs_tool = needs_tool(&location, head_name, &backend)?;
+        let info = ModelInfo {
+            name: location.name.clone(),
+            hf_id: location.manifest.as_ref().map(|m| m.hf_id.clone()),
+            dir,
+            architecture: match backend.config().family {
+                Family::Bert => "bert".into(),
+                Family::Roberta => "roberta".into(),
             },
-        )?;
+            head: head_name,
+            score_kind,
+            max_length,
+            device: device_name(backend.device()),
+            dtype: match options.precision {
+                Precision::Int8 => "int8".into(),
+                Precision::Bf16 => "bf16".into(),
+                _ => format!("{:?}", backend.dtype()).to_lowercase(),
+            },
+            calibration,
+            lexical_weight: scoring.lexical_weight,
+            tool_parameters: scoring.tool_parameters,
+            conformal: scoring.conformal,
+            needs_tool,
+        };
+        tracing::debug!(model = %info.name, dir = %info.dir.display(), head = info.head.as_str(), "model loaded");
+        Engine::start(info, tokens, backend, entailment_index, &options)
+    }
 
+    /// The engine around a loaded backend, after one short row through the model: weights
+    /// that compute NaN (and that no checksum covers) fail here, at load, rather than as a
+    /// fallback on every request.
+    fn start(
+        info: ModelInfo,
+        tokens: Tokenization,
+        backend: CandleBackend,
+        entailment_index: usize,
+        options: &EngineBuilder,
+    ) -> Result<Engine> {
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                tokens: tokens.with_max_length(info.max_length),
+                info,
+                backend: Box::new(backend),
+                max_batch_tokens: options.max_batch_tokens,
+                entailment_index,
+                cache: Mutex::new(EmbeddingCache::new(
+                    options.cache_capacity,
+                    options.cache_bytes,
+                )),
+                lexical: Default::default(),
+            }),
+        };
+        let probe = engine.inner.tokens.encode_document("probe")?;
+        engine.run(&[probe])?;
+        Ok(engine)
+    }
+}
+
+/// The head the manifest names; without a manifest, the one the folder's shape implies, so
+/// that a plain sentence-transformers or Hugging Face classifier folder loads as it is.
+fn head_name(location: &ModelLocation, config: &EncoderConfig) -> Result<HeadName> {
+    let dir = &location.dir;
+    match location.manifest.as_ref().map(|m| m.head) {
+        Some(h) => Ok(h),
+        None if dir.join("modules.json").is_file() && config.labels.is_empty() => {
+            Ok(HeadName::BiEncoder)
+        }
+        None if !config.labels.is_empty() => Ok(HeadName::CrossEncoder),
+        None => Err(EngineError::Unsupported {
+            dir: dir.clone(),
+            message: "neither a sentence-transformers folder (modules.json) nor a \
+                      sequence classifier (id2label in config.json)"
+                .into(),
+        }),
+    }
+}
+
+/// What the head's output means, and which output is the score: a classifier with more than
+/// two labels is only usable as an NLI model, whose entailment label says "relevant".
+fn score_kind(dir: &Path, head: HeadName, config: &EncoderConfig) -> Result<(ScoreKind, usize)> {
+    let labels = &config.labels;
+    match head {
+        HeadName::BiEncoder => Ok((ScoreKind::Cosine, 0)),
+        HeadName::CrossEncoder => match labels.len() {
+            0 | 1 => Ok((ScoreKind::Logit, 0)),
+            2 => Ok((ScoreKind::Logit, 1)),
+            _ => match labels
+                .iter()
+                .position(|l| l.eq_ignore_ascii_case("entailment"))
+            {
+                Some(i) => Ok((ScoreKind::Entailment, i)),
+                None => Err(EngineError::Unsupported {
+                    dir: dir.to_path_buf(),
+                    message: format!(
+                        "a classifier with {} labels needs an 'entailment' label (labels: {})",
+                        labels.len(),
+                        labels.join(", ")
+                    ),
+                }),
+            },
+        },
+    }
+}
+
+/// The builder's calibration, else the manifest's, else the head's own; an error when that
+/// leaves none and the caller did not ask for an uncalibrated engine, since nothing
+/// uncalibrated may be called a probability.
+fn calibration(
+    location: &ModelLocation,
+    head: HeadName,
+    options: &EngineBuilder,
+) -> Result<Option<Calibration>> {
+    let calibration = options
+        .calibration
+        .or_else(|| location.manifest.as_ref().and_then(|m| m.calibration))
+        .or(match head {
+            // A cross-encoder is trained through a sigmoid or softmax: its own output is
+            // already a probability until a fitted calibration replaces it.
+            HeadName::CrossEncoder => Some(Calibration::IDENTITY),
+            HeadName::BiEncoder => None,
+        });
+    if calibration.is_none() && !options.allow_uncalibrated {
+        return Err(EngineError::Uncalibrated {
+            model: location.name.clone(),
+            hint: "a bi-encoder's cosine is not a probability; fit one with `decide calibrate` \
+                   and add it as [calibration] to the model's manifest.toml"
+                .into(),
+        });
+    }
+    Ok(calibration)
+}
+
+/// The longest input: the caller's, else the manifest's, else sentence-transformers' own
+/// setting, else what the position embeddings allow, and never more than they allow.
+fn max_length(
+    location: &ModelLocation,
+    config: &EncoderConfig,
+    requested: Option<usize>,
+) -> Result<usize> {
+    let model_limit = config.max_tokens();
+    // Read even when the caller gives a length, so that a broken file is reported either way.
+    let st_limit = sentence_max_length(&location.dir)?;
+    let max_length = location
+        .manifest
+        .as_ref()
+        .map(|m| m.max_length)
+        .or(st_limit)
+        .unwrap_or(model_limit)
+        .min(model_limit);
+    match requested {
+        Some(requested) if requested < 8 || requested > model_limit => {
+            Err(EngineError::InvalidOption {
+                option: "max-length",
+                message: format!("{requested} is out of range (8 to {model_limit})"),
+            })
+        }
+        Some(requested) => Ok(requested),
+        None => Ok(max_length),
+    }
+}
+
+/// Where and how the weights run. The int8 path measures its layers on sample rows before
+/// quantizing, so those are tokenized here, with the model's own tokenizer and head.
+fn placement(
+    tokens: &Tokenization,
+    head: HeadName,
+    device: Device,
+    dtype: DType,
+    options: &EngineBuilder,
+) -> Result<Placement> {
+    let int8_calibration = match options.precision {
+        Precision::Int8 => int8_calibration(tokens, head)?,
+        _ => Vec::new(),
+    };
+    // On other devices bf16 is candle's own dtype (see `Precision::dtype_for`).
+    let bf16 = options.precision == Precision::Bf16 && matches!(device, Device::Cpu);
+    Ok(Placement {
+        device,
+        dtype,
+        kernels: options.cpu_kernels,
+        int8: options.precision == Precision::Int8,
+        bf16,
+        int8_calibration,
+        max_batch_tokens: options.max_batch_tokens,
+    })
+}
+
+/// How documents are scored: the manifest's `[scoring]` unless the builder overrides it, and
+/// the conformal table only while nothing it was measured with has changed.
+struct ScoringSettings {
+    lexical_weight: f64,
+    tool_parameters: bool,
+    conformal: Option<Conformal>,
+}
+
+impl ScoringSettings {
+    fn new(location: &ModelLocation, options: &EngineBuilder) -> Self {
         let manifest_scoring = location.manifest.as_ref().and_then(|m| m.scoring);
         let manifest_weight = manifest_scoring.map(|s| s.lexical_weight).unwrap_or(0.0);
         let lexical_weight = options.lexical_weight.unwrap_or(manifest_weight);
@@ -330,61 +439,34 @@ impl Engine {
                     && lexical_weight == manifest_weight
                     && tool_parameters == manifest_parameters
             });
-        let needs_tool = match location
-            .manifest
-            .as_ref()
-            .and_then(|m| m.needs_tool.clone())
-        {
-            Some(head) if head_name == HeadName::BiEncoder => {
-                head.check(backend.config().hidden_size)
-                    .map_err(|m| EngineError::bad_file(dir.join("manifest.toml"), m))?;
-                Some(head)
-            }
-            _ => None,
-        };
-        let info = ModelInfo {
-            name: location.name.clone(),
-            hf_id: location.manifest.as_ref().map(|m| m.hf_id.clone()),
-            dir: dir.clone(),
-            architecture: match backend.config().family {
-                Family::Bert => "bert".into(),
-                Family::Roberta => "roberta".into(),
-            },
-            head: head_name,
-            score_kind,
-            max_length,
-            device: device_name(backend.device()),
-            dtype: match options.precision {
-                Precision::Int8 => "int8".into(),
-                Precision::Bf16 => "bf16".into(),
-                _ => format!("{:?}", backend.dtype()).to_lowercase(),
-            },
-            calibration,
+        Self {
             lexical_weight,
             tool_parameters,
             conformal,
-            needs_tool,
-        };
-        tracing::debug!(model = %info.name, dir = %dir.display(), head = info.head.as_str(), "model loaded");
-        let engine = Engine {
-            inner: Arc::new(Inner {
-                tokens: tokens.with_max_length(info.max_length),
-                info,
-                backend: Box::new(backend),
-                max_batch_tokens: options.max_batch_tokens,
-                entailment_index,
-                cache: Mutex::new(EmbeddingCache::new(
-                    options.cache_capacity,
-                    options.cache_bytes,
-                )),
-                lexical: Default::default(),
-            }),
-        };
-        // One short row through the model: weights that compute NaN (and that no checksum
-        // covers) fail here, at load, rather than as a fallback on every request.
-        let probe = engine.inner.tokens.encode_document("probe")?;
-        engine.run(&[probe])?;
-        Ok(engine)
+        }
+    }
+}
+
+/// The manifest's needs-tool head, for a bi-encoder only: it reads the conversation's
+/// embedding, which a cross-encoder does not make. Its size is checked against the loaded
+/// model's, since a head fitted on another model would read numbers of another meaning.
+fn needs_tool(
+    location: &ModelLocation,
+    head: HeadName,
+    backend: &CandleBackend,
+) -> Result<Option<NeedsTool>> {
+    match location
+        .manifest
+        .as_ref()
+        .and_then(|m| m.needs_tool.clone())
+    {
+        Some(needs_tool) if head == HeadName::BiEncoder => {
+            needs_tool
+                .check(backend.config().hidden_size)
+                .map_err(|m| EngineError::bad_file(location.dir.join("manifest.toml"), m))?;
+            Ok(Some(needs_tool))
+        }
+        _ => Ok(None),
     }
 }
 

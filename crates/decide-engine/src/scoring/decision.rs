@@ -1,22 +1,20 @@
 //! The engine as a [`DecisionModel`]: questions become (input, document) pairs, one batched
 //! scoring call answers them all.
 
-use std::path::Path;
-
 use decide_contract::{
-    Conformal, DecisionError, DecisionFuture, DecisionInput, DecisionModel, DecisionRequest,
+    DecisionError, DecisionFuture, DecisionInput, DecisionModel, DecisionRequest,
     DecisionRequestParameters, DecisionResponse, SelectionHints,
 };
 
 use super::staged::{EncodedRow, StagedScores};
 use super::{Engine, Scores};
-use crate::answering::{plan, respond, yes_no_raw, Plan, Scored, Scorer};
+use crate::answering::{plan, respond, yes_no_raw, Plan, Scored, Scorer, ScorerInfo};
 use crate::calibration::Calibration;
 use crate::lexical::query_text;
 
 impl Engine {
     /// `lexical_weight ·` BM25 coverage of the input for each document (hybrid scoring, see
-    /// [`crate::lexical`]), added to the model's scores before calibration; zeros when the
+    /// [`Bm25Index::coverage`](crate::Bm25Index::coverage)), added to the model's scores before calibration; zeros when the
     /// weight is zero.
     fn lexical_scores(&self, input: &DecisionInput, docs: &[&str]) -> Vec<f64> {
         let mut lexical = vec![0.0; docs.len()];
@@ -164,36 +162,18 @@ impl StagedDecision {
 }
 
 impl Scorer for Engine {
-    fn name(&self) -> String {
-        self.info().name.clone()
-    }
-
-    fn device_name(&self) -> String {
-        self.info().device.clone()
-    }
-
-    fn calibration_in_use(&self) -> Option<Calibration> {
-        self.info().calibration
-    }
-
-    fn conformal(&self) -> Option<&Conformal> {
-        Engine::conformal(self)
-    }
-
-    fn lexical_weight(&self) -> f64 {
-        Engine::lexical_weight(self)
-    }
-
-    fn tool_parameters(&self) -> bool {
-        Engine::tool_parameters(self)
-    }
-
-    fn model_dir(&self) -> Option<&Path> {
-        Some(&self.info().dir)
-    }
-
-    fn needs_tool(&self) -> Option<&crate::NeedsTool> {
-        Engine::needs_tool(self)
+    fn about(&self) -> ScorerInfo<'_> {
+        let info = self.info();
+        ScorerInfo {
+            name: info.name.clone(),
+            device: info.device.clone(),
+            calibration: info.calibration,
+            conformal: Engine::conformal(self),
+            lexical_weight: Engine::lexical_weight(self),
+            tool_parameters: Engine::tool_parameters(self),
+            model_dir: Some(&info.dir),
+            needs_tool: Engine::needs_tool(self),
+        }
     }
 
     fn conversation_embeddings(
