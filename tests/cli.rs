@@ -473,7 +473,18 @@ fn route_reads_conversations_with_follow_ups_and_images() {
             {"role": "user", "content": "yes, go ahead"}
         ]"#,
     );
-    assert_eq!(route_json(&["--messages", &follow_up])["route"], "code");
+    // The earlier turns are read: they make the same words a programming request. (Whether
+    // they carry it past small talk is the model's call; the router's real-model tests and
+    // scripts/route_report.py measure that.)
+    let with_turns = route_json(&["--messages", &follow_up]);
+    let alone = route_json(&["yes, go ahead"]);
+    let code = |v: &serde_json::Value| v["probabilities"]["code"].as_f64().unwrap();
+    assert!(
+        code(&with_turns) > code(&alone) + 0.1,
+        "code at {} with the earlier turns, {} alone",
+        code(&with_turns),
+        code(&alone)
+    );
     let image = t.file(
         "image.json",
         r#"[{"role": "user", "content": [

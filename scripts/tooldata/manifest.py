@@ -2,16 +2,16 @@
 """Writes the manifest of a model built from a base and a delta (scripts/train-tool-model).
 
   manifest.py --template --name NAME --base BASE --delta DELTA_FILE --trained TRAINED_MANIFEST \\
-      [--earlier STAGE1_MANIFEST] [--tool-parameters] --dir ASSEMBLED_DIR > ASSEMBLED_DIR/manifest.toml
+      [--earlier STAGE_MANIFEST ...] [--tool-parameters] --dir ASSEMBLED_DIR > ASSEMBLED_DIR/manifest.toml
       Prints the manifest of the model assembled in ASSEMBLED_DIR by `models/build.py assemble`
       from models/BASE/ and DELTA_FILE: name NAME, hf_id "decide/NAME" (not on the hub: models/fetch
       builds it), revision "local", the base manifest's architecture, head and max_length,
       [scoring] and [training] from TRAINED_MANIFEST (the manifest `decide train` wrote; the
       [training] keys that hold paths on this machine, such as data and eval, are dropped, their
       sha256 kept; --tool-parameters, or TRAINED_MANIFEST's own, adds `tool_parameters = true`:
-      the model reads a tool as `name: description (argument names)`), with --earlier
-      STAGE1_MANIFEST the first stage's [training] as
-      [training.stage1], [build] naming BASE and DELTA_FILE's file name with its sha256, and [files]:
+      the model reads a tool as `name: description (argument names)`), with each --earlier
+      STAGE_MANIFEST (repeated, oldest first) that stage's [training] as [training.stage1],
+      [training.stage2], [build] naming BASE and DELTA_FILE's file name with its sha256, and [files]:
       the sha256 of every file in ASSEMBLED_DIR.
       It also holds [calibration] (TRAINED_MANIFEST's, else the identity) and a placeholder
       [conformal] table, which `decide calibrate` then overwrites in place: a table calibrate had
@@ -281,9 +281,9 @@ def template(args) -> str:
         raise Fail(f"{args.trained}: [calibration] needs numbers a and b") from None
 
     training, kept = training_table(trained, args.trained)
-    earlier = None
-    if args.earlier:
-        earlier = training_table(read_toml(args.earlier), args.earlier)[1]
+    # The earlier stages' tables, oldest first; the run's own is [training].
+    stages = [training_table(read_toml(path), path)[1] for path in args.earlier]
+    earlier = stages[0] if stages else None
 
     # What the built model is, for the comments: how many layers were trained.
     config_path = os.path.join(args.dir, "config.json")
@@ -307,8 +307,11 @@ def template(args) -> str:
         + ("; then, from that model, on MCP conversations (the tune parts of crates/decide-eval/data, "
            "and conversations written for their catalogues, against the whole catalogues) and "
            "the Berkeley Function Calling Leaderboard's live "
-           "and multi-turn cases, with a replay of those cases."
-           if earlier is not None else "."),
+           "and multi-turn cases, with a replay of those cases"
+           if earlier is not None else "")
+        + ("; then, from that model, on conversations written for real MCP servers of the official "
+           "registry that no report part holds (scripts/tooldata/written), with a replay."
+           if len(stages) > 1 else "."),
         f"Built, not downloaded: the repository keeps only the trained tensors, as {storage}, "
         f"in {delta_name}; models/fetch fetches the base and runs "
         "`models/build.py assemble` (see [build]), then checks every file against [files]. "
@@ -333,12 +336,21 @@ def template(args) -> str:
         f"architecture = {toml_value(base['architecture'], base_manifest_path)}",
         f"head = {toml_value(base['head'], base_manifest_path)}",
         f"max_length = {toml_value(base['max_length'], base_manifest_path)}",
-        "# The weights' licence, the base's. The training data: MetaTool is MIT; Seal-Tools, API-Bank,",
-        "# StableToolBench, LiveMCPBench (its tune part) and BFCL are Apache-2.0."
-        if earlier is not None else
-        "# StableToolBench and LiveMCPBench (its tune part) are Apache-2.0.",
-        f"license = {toml_str('Apache-2.0')}",
     ]
+    if len(stages) > 1:
+        lines += [
+            "# The weights' licence, the base's. The training data: MetaTool and the MCP registry's",
+            "# server and tool descriptions are MIT; Seal-Tools, API-Bank, StableToolBench, LiveMCPBench",
+            "# (its tune part) and BFCL are Apache-2.0.",
+        ]
+    else:
+        lines += [
+            "# The weights' licence, the base's. The training data: MetaTool is MIT; Seal-Tools, API-Bank,",
+            "# StableToolBench, LiveMCPBench (its tune part) and BFCL are Apache-2.0."
+            if earlier is not None else
+            "# StableToolBench and LiveMCPBench (its tune part) are Apache-2.0.",
+        ]
+    lines.append(f"license = {toml_str('Apache-2.0')}")
     text = "\n".join(lines) + "\n"
     scoring_items = [("lexical_weight", lexical_weight)]
     scoring_comment = [
@@ -364,11 +376,19 @@ def template(args) -> str:
         "How `decide train` fine-tuned it (as scripts/train-tool-model runs it): the",
         "hyper-parameters and the sha256 of the data files (their paths left out).",
     ], args.trained)
-    if earlier is not None:
-        text += table("training.stage1", earlier, [
+    if len(stages) == 1:
+        text += table("training.stage1", stages[0], [
             "The first stage, on the general sets; the table above is the second, which started",
             "from this one's model.",
-        ], args.earlier)
+        ], args.earlier[0])
+    elif len(stages) == 2:
+        text += table("training.stage1", stages[0], [
+            "The first stage, on the general sets; the second started from its model.",
+        ], args.earlier[0])
+        text += table("training.stage2", stages[1], [
+            "The second stage, on MCP conversations; the table above is the third, which started",
+            "from this one's model.",
+        ], args.earlier[1])
     text += table("build", [("base", args.base), ("delta", delta_name), ("delta_sha256", delta_sha256)], [
         f"models/fetch builds the model with `models/build.py assemble` from models/{args.base}/",
         f"and {delta_name} (described above), after checking its sha256.",
@@ -443,7 +463,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--base", help="the base model's name: models/BASE/ (--template)")
     parser.add_argument("--delta", help="the delta safetensors file (--template)")
     parser.add_argument("--trained", help="the manifest `decide train` wrote (--template)")
-    parser.add_argument("--earlier", help="the manifest of an earlier stage the run started from (--template)")
+    parser.add_argument("--earlier", action="append", default=[],
+                        help="the manifest of an earlier stage, oldest first; repeat for each (--template)")
     parser.add_argument("--tool-parameters", action="store_true",
                         help="the model reads tools with their argument names (--template)")
     parser.add_argument("--dir", required=True, help="the built model's folder")
@@ -454,6 +475,8 @@ def main(argv: list[str]) -> int:
             parser.error(f"--template needs {', '.join(missing)}")
         if "/" in args.base or args.base.startswith("."):
             parser.error(f"--base {args.base}: a model's name (a folder of models/), not a path")
+        if len(args.earlier) > 2:
+            parser.error("--earlier: at most two earlier stages (the manifest names three)")
         text = template(args)
     else:
         text = replace_files(args)
