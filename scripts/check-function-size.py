@@ -10,31 +10,23 @@ Each function over the limit fails, one line each: `file:line fn name: N lines`.
 
 Usage: scripts/check-function-size.py [--root DIR] (DIR stands for the repository root, for the tests).
 """
+import importlib.util as _importlib_util
 import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+# The lexer and the `--root` option are the layer check's own, so both scripts read code alike.
+_spec = _importlib_util.spec_from_file_location(
+    "check_layers", Path(__file__).resolve().parent / "check-layers.py")
+_layers = _importlib_util.module_from_spec(_spec)
+_spec.loader.exec_module(_layers)
+code_of = _layers.lexed
+
 # The files checked, as globs from the repository root.
 FILES = ["crates/decide-cli/src/*.rs"]
 MAX_LINES = 80
 
-# Comments, string literals (raw and byte ones too) and character literals; a lifetime (`'a`)
-# has no closing quote right after one character, so it is left alone.
-LEX_RE = re.compile(
-    r"//[^\n]*"
-    r"|/\*.*?\*/"
-    r"|(?<![A-Za-z0-9_])b?r(?P<hashes>#*)\".*?\"(?P=hashes)"
-    r"|(?<![A-Za-z0-9_])b?\"(?:\\.|[^\"\\])*\""
-    r"|'(?:\\u\{[0-9A-Fa-f]+\}|\\.|[^\\'\n])'",
-    re.S,
-)
 FN_RE = re.compile(r"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def code_of(text: str) -> str:
-    """`text` with comments and literals turned into spaces, newlines kept so lines still count."""
-    return LEX_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
 
 
 def body_start(code: str, i: int):
@@ -85,12 +77,7 @@ def functions(text: str):
 
 
 def main():
-    args = sys.argv[1:]
-    root = ROOT
-    if args[:1] == ["--root"] and len(args) == 2:
-        root = Path(args[1]).resolve()
-    elif args:
-        sys.exit(__doc__.strip().splitlines()[-1])
+    root = _layers.root_of(sys.argv[1:], __doc__)
     files = sorted({f for pattern in FILES for f in root.glob(pattern) if f.is_file()})
     if not files:
         sys.exit(f"no files match {', '.join(FILES)} under {root}")

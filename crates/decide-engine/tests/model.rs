@@ -459,6 +459,47 @@ fn a_model_folder_with_a_missing_file_names_it() {
 }
 
 #[test]
+fn a_built_model_without_weights_names_the_command_that_builds_it() {
+    let src = engine().info().dir.clone();
+    let dir = std::env::temp_dir().join(format!("decide-unbuilt-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
+    for f in [
+        "config.json",
+        "modules.json",
+        "1_Pooling/config.json",
+        "manifest.toml",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "sentence_bert_config.json",
+        "vocab.txt",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let manifest = std::fs::read_to_string(dir.join("manifest.toml")).unwrap();
+    let base = manifest
+        .lines()
+        .skip_while(|l| *l != "[build]")
+        .find_map(|l| l.strip_prefix("base = "))
+        .expect("the default model's manifest has a [build] table")
+        .trim_matches('"')
+        .to_string();
+    let err = Engine::builder()
+        .model(dir.to_str().unwrap())
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, EngineError::MissingFile { .. }));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: missing model.safetensors (built from {base} by models/fetch: run models/fetch)",
+            dir.display()
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn absurd_options_are_refused() {
     let err = Engine::builder()
         .max_batch_tokens(0)

@@ -14,7 +14,6 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 use crate::error::{require, EngineError, Result};
-use crate::registry::Build;
 
 mod amx;
 mod batching;
@@ -32,6 +31,22 @@ pub(crate) use encoder::{HeadKind, Pooling};
 
 /// One row's input: its token ids and their token type ids.
 pub(crate) type RowRef<'a> = (&'a [u32], &'a [u32]);
+
+/// One row's input, owned: for rows the backend keeps until it uses them, where a [`RowRef`]
+/// would tie the [`Placement`] to the caller's rows.
+pub(crate) struct OwnedRow {
+    /// The token ids, special tokens included.
+    pub(crate) ids: Vec<u32>,
+    /// The token type of each id.
+    pub(crate) type_ids: Vec<u32>,
+}
+
+impl OwnedRow {
+    /// The row as [`Backend::forward`] takes it.
+    pub(crate) fn as_row(&self) -> RowRef<'_> {
+        (&self.ids, &self.type_ids)
+    }
+}
 
 /// A loaded model that runs rows.
 pub(crate) trait Backend: Send + Sync {
@@ -68,19 +83,20 @@ pub(crate) struct Placement {
     /// The linear layers in bf16 on AMX (fused CPU path only; the caller checked for AMX).
     pub(crate) bf16: bool,
     /// Rows the int8 path measures its layers' input ranges on (see [`Model::load`]).
-    pub(crate) int8_calibration: Vec<crate::tokenize::TokenRow>,
+    pub(crate) int8_calibration: Vec<OwnedRow>,
     pub(crate) max_batch_tokens: usize,
 }
 
 impl CandleBackend {
     /// Loads the weights of the model in `dir` (`model.safetensors`, else
-    /// `pytorch_model.bin`) with `head` on top. `build` says how a model without weights is
-    /// built, for the error.
+    /// `pytorch_model.bin`) with `head` on top. `built_from` is the base model of a model that
+    /// `models/fetch` builds (from the base and the trained layers committed with it), which
+    /// the error then names, since such a model has no weights to download.
     pub(crate) fn load(
         dir: &Path,
         config: EncoderConfig,
         head: &HeadKind,
-        build: Option<&Build>,
+        built_from: Option<&str>,
         placement: Placement,
     ) -> Result<Self> {
         let Placement {
@@ -98,12 +114,9 @@ impl CandleBackend {
             .find(|p| p.is_file())
             .ok_or_else(|| EngineError::MissingFile {
                 dir: dir.to_path_buf(),
-                file: match build {
-                    // A model built from its base and committed trained layers has no file to
-                    // download: say which command builds it.
-                    Some(build) => format!(
-                        "model.safetensors (built from {} by models/fetch: run models/fetch)",
-                        build.base
+                file: match built_from {
+                    Some(base) => format!(
+                        "model.safetensors (built from {base} by models/fetch: run models/fetch)"
                     ),
                     None => "model.safetensors (or pytorch_model.bin)".into(),
                 },
@@ -135,10 +148,7 @@ impl CandleBackend {
                 );
             }
         }
-        let calibration: Vec<RowRef<'_>> = int8_calibration
-            .iter()
-            .map(|r| (&r.ids[..], &r.type_ids[..]))
-            .collect();
+        let calibration: Vec<RowRef<'_>> = int8_calibration.iter().map(OwnedRow::as_row).collect();
         let model = Model::load(vb, &config, head, path, &calibration)
             .map_err(|e| EngineError::unreadable(&weights, e))?;
         Ok(Self {

@@ -12,7 +12,7 @@ use super::{Engine, Inner, ModelInfo, ScoreKind};
 use crate::backend::config::{EncoderConfig, Family};
 use crate::backend::device::{device_name, CpuKernels, DeviceSpec, Precision};
 use crate::backend::{
-    embedding_head, sentence_max_length, Backend, CandleBackend, HeadKind, Placement,
+    embedding_head, sentence_max_length, Backend, CandleBackend, HeadKind, OwnedRow, Placement,
 };
 use crate::calibration::Calibration;
 use crate::error::{require, EngineError, Result};
@@ -222,8 +222,12 @@ impl Engine {
             registry::verify_files(&dir, manifest)?;
         }
         let placement = placement(&tokens, head_name, device, dtype, &options)?;
-        let build = location.manifest.as_ref().and_then(|m| m.build.as_ref());
-        let backend = CandleBackend::load(&dir, config, &head, build, placement)?;
+        let built_from = location
+            .manifest
+            .as_ref()
+            .and_then(|m| m.build.as_ref())
+            .map(|b| b.base.as_str());
+        let backend = CandleBackend::load(&dir, config, &head, built_from, placement)?;
         let scoring = ScoringSettings::new(&location, &options);
         let needs_tool = needs_tool(&location, head_name, &backend)?;
         let info = ModelInfo {
@@ -473,7 +477,7 @@ fn needs_tool(
 /// The rows `--dtype int8` measures its layers' input ranges on before quantizing them: short
 /// conversations and tool, route and criterion texts (`int8_calibration.txt`, a query and a
 /// document a line), as the model will read them.
-fn int8_calibration(tokens: &Tokenization, head: HeadName) -> Result<Vec<TokenRow>> {
+fn int8_calibration(tokens: &Tokenization, head: HeadName) -> Result<Vec<OwnedRow>> {
     const TEXTS: &str = include_str!("../backend/int8_calibration.txt");
     let mut rows = Vec::new();
     for (query, document) in TEXTS.lines().filter_map(|l| l.split_once('\t')) {
@@ -485,5 +489,8 @@ fn int8_calibration(tokens: &Tokenization, head: HeadName) -> Result<Vec<TokenRo
             HeadName::CrossEncoder => rows.push(tokens.encode_pair(query, document)?),
         }
     }
-    Ok(rows)
+    Ok(rows
+        .into_iter()
+        .map(|TokenRow { ids, type_ids }| OwnedRow { ids, type_ids })
+        .collect())
 }
