@@ -186,6 +186,15 @@ if podman kube play --network podman --ip "$pod_ip" "$work/play.yaml" >"$work/pl
         test "$(status -X POST "$played/v1/select" -H 'Content-Type: application/json' -H 'Host: decide' -H "Authorization: Bearer $key" -d "$body")" = 200
     check "kube play: /metrics by the pod's IP, as Prometheus scrapes it (Host: $pod_ip:8080)" \
         test "$(status "http://$pod_ip:8080/metrics" -H "Authorization: Bearer $key")" = 200
+    # podman cannot schedule the probes; they are sent here as the kubelet sends them (the pod's
+    # IP, the named port, the manifest's headers and timeouts), while clients keep the model busy.
+    python3 deploy/load.py --url "$played" --host decide.default.svc --key "$key" --clients 16 \
+        --seconds 8 -q >"$work/probe-load.log" 2>&1 &
+    probe_load=$!
+    sleep 2
+    check "kube play: the startup, readiness and liveness probes answer within their timeouts while 16 clients load the pod" \
+        "$work/venv/bin/python" deploy/probes.py deploy/kubernetes/deployment.yaml "$pod_ip" --rounds 5
+    wait "$probe_load" || { echo "the load beside the probes failed:"; cat "$work/probe-load.log"; }
     check "kube play: uid 10001, no capabilities, no new privileges, seccomp filter, read-only root" \
         confined decide-pod-0-decide
     # The limits of the manifest (Mi and whole CPUs), as podman applied them.
