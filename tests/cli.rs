@@ -473,17 +473,26 @@ fn route_reads_conversations_with_follow_ups_and_images() {
             {"role": "user", "content": "yes, go ahead"}
         ]"#,
     );
-    // The earlier turns are read: they make the same words a programming request. (Whether
-    // they carry it past small talk is the model's call; the router's real-model tests and
-    // scripts/route_report.py measure that.)
-    let with_turns = route_json(&["--messages", &follow_up]);
-    let alone = route_json(&["yes, go ahead"]);
+    // By default the last user message is read alone, as if it were the whole request.
     let code = |v: &serde_json::Value| v["probabilities"]["code"].as_f64().unwrap();
+    let by_default = route_json(&["--messages", &follow_up]);
+    let alone = route_json(&["yes, go ahead"]);
+    assert_eq!(code(&by_default), code(&alone), "{by_default} {alone}");
+    // With --max-messages 3 the input is the conversation, and the earlier turns make the same
+    // words more of a programming request than they are as a conversation of one message.
+    // (Whether they carry it past small talk is the model's call; the router's real-model tests
+    // and scripts/route_report.py measure that.)
+    let last = t.file(
+        "last.json",
+        r#"[{"role": "user", "content": "yes, go ahead"}]"#,
+    );
+    let with_turns = route_json(&["--messages", &follow_up, "--max-messages", "3"]);
+    let one_turn = route_json(&["--messages", &last, "--max-messages", "3"]);
     assert!(
-        code(&with_turns) > code(&alone) + 0.1,
-        "code at {} with the earlier turns, {} alone",
+        code(&with_turns) > code(&one_turn) + 0.1,
+        "code at {} with the earlier turns, {} without",
         code(&with_turns),
-        code(&alone)
+        code(&one_turn)
     );
     let image = t.file(
         "image.json",

@@ -19,8 +19,10 @@ use crate::route::{
 
 /// The default [`question`](DecisionModelChatModelRouterBuilder::question), as LangChain4j's `DEFAULT_QUESTION`.
 pub const DEFAULT_QUESTION: &str = "Which model should handle this request?";
-/// The default [`max_messages`](DecisionModelChatModelRouterBuilder::max_messages).
-pub const DEFAULT_MAX_MESSAGES: usize = 3;
+/// The default [`max_messages`](DecisionModelChatModelRouterBuilder::max_messages): the last user message
+/// alone. Read with the turns before it, a request's route is drawn toward theirs, and on route sets nobody
+/// tuned on the last message alone routes more follow-ups right, not fewer (docs/models.md, Routing).
+pub const DEFAULT_MAX_MESSAGES: usize = 1;
 /// The name of the one choice question of a routing decision request.
 pub const QUESTION_NAME: &str = "route";
 
@@ -476,7 +478,8 @@ impl DecisionModelChatModelRouterBuilder {
     }
 
     /// How many of the latest messages, up to and including the last user message, the decision sees; at least 1,
-    /// default 3. With 1, the input is the plain text of the last user message.
+    /// default 1: the plain text of the last user message. More lets a bare "yes, go ahead" be read with the
+    /// turn it answers, at the cost of drawing other requests toward the earlier turns' route.
     pub fn max_messages(mut self, max_messages: usize) -> Self {
         self.max_messages = max_messages;
         self

@@ -30,9 +30,9 @@
 //! 1. With one candidate, that route, without asking the decision model (step 2 above left only one route that can
 //!    handle the request).
 //! 2. Without a user message (or with a blank one), the default route, without asking.
-//! 3. Otherwise the decision model gets the last `max_messages` (default 3) messages up to and including the last
-//!    user message, as they are sent to the chat model, so that a follow-up such as "yes, go ahead" is read with
-//!    the turn it answers. Attachments appear as markers such as `[attached image]`, so a route whose description
+//! 3. Otherwise the decision model gets the last user message's text (with `max_messages` above its default of
+//!    1, the last `max_messages` messages up to and including it, as they are sent to the chat model, so that a
+//!    follow-up such as "yes, go ahead" is read with the turn it answers). Attachments appear as markers such as `[attached image]`, so a route whose description
 //!    mentions images can be chosen for them. The question is one choice question named [`QUESTION_NAME`]
 //!    (`"route"`) whose options are the routes: a route without description is described by its name, and a route
 //!    with several descriptions gives one option per description (`<route>#1`, `<route>#2`, …).

@@ -282,11 +282,28 @@ fn long_conversation() -> Vec<ChatMessage> {
 }
 
 #[test]
-fn the_last_three_messages_up_to_the_last_user_message_are_sent() {
+fn the_last_user_message_alone_is_sent_by_default() {
     let model = choosing(&[("simple", 0.2), ("complex", 0.8)]);
     let request = conversation(long_conversation());
     assert_eq!(router(&model).max_messages(), DEFAULT_MAX_MESSAGES);
     router(&model).route(&route_to(&request, routes())).unwrap();
+    assert_eq!(
+        model.request().unwrap().input(),
+        &DecisionInput::Text("yes, go ahead".into())
+    );
+}
+
+#[test]
+fn the_last_three_messages_up_to_the_last_user_message_are_sent() {
+    let model = choosing(&[("simple", 0.2), ("complex", 0.8)]);
+    let request = conversation(long_conversation());
+    DecisionModelChatModelRouter::builder()
+        .decision_model(model.clone())
+        .max_messages(3)
+        .build()
+        .unwrap()
+        .route(&route_to(&request, routes()))
+        .unwrap();
     assert_eq!(
         input_json(&model.request().unwrap()),
         json!({"messages": [
@@ -341,7 +358,13 @@ fn a_short_follow_up_is_read_with_the_turn_it_answers() {
         .to_owned()
     });
     let request = conversation(long_conversation());
-    let with_history = router(&model).route(&route_to(&request, routes())).unwrap();
+    let with_history = DecisionModelChatModelRouter::builder()
+        .decision_model(model.clone())
+        .max_messages(3)
+        .build()
+        .unwrap()
+        .route(&route_to(&request, routes()))
+        .unwrap();
     assert_eq!(with_history, ChatModelRoutingResult::route("complex"));
     let last_only = DecisionModelChatModelRouter::builder()
         .decision_model(model.clone())
@@ -409,8 +432,8 @@ fn an_image_route_can_be_chosen_for_an_attached_image() {
     let decision = router(&model).decide(&route_to(&request, all)).unwrap();
     assert_eq!(decision.result, ChatModelRoutingResult::route("vision"));
     assert_eq!(
-        input_json(&model.request().unwrap())["messages"][2],
-        json!({"role": "user", "text": "[attached image]"})
+        input_json(&model.request().unwrap()),
+        json!("[attached image]")
     );
 }
 

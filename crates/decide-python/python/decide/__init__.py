@@ -246,7 +246,8 @@ class Decider:
         ``routes``: a routes file's ``{"default": NAME, "routes": [{"name", "description"}]}``,
         or a list of routes (dicts, or bare names) with ``default`` (the first route when not
         given). Below ``min_probability`` the default route is taken; the decision sees the
-        latest ``max_messages`` (3) messages up to the last user message.
+        latest ``max_messages`` (1: the last user message alone) messages up to the last user
+        message.
         """
         route, probabilities, reason = self._native.route(
             _inputs.conversation(messages),
