@@ -276,7 +276,7 @@ pub struct CalibrateArgs {
     #[arg(long, value_name = "CATALOGUE.json")]
     pub conformal_tools: Vec<PathBuf>,
     /// Labelled conversations to fit the model's needs-tool head on (`expected` empty for those
-    /// that need no tool; "tools" are not read), written to the manifest as [needs_tool]: whether
+    /// that need no tool; "tools" are not read), written to the manifest's needs_tool table: whether
     /// a conversation needs any tool, which --needs-tool-gate reads. Thousands of them, both
     /// kinds; training cases will do, since the head is fitted apart from the encoder. Repeat for
     /// several files.

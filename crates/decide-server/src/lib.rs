@@ -139,7 +139,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// The router of every endpoint, with the body limit and the checks of [`guard`] (host,
+/// The router of every endpoint, with the body limit and the checks of the `guard` module (host,
 /// origin and CORS, content type, API key) around every route.
 pub fn router(state: AppState) -> axum::Router {
     axum::Router::new()
