@@ -432,24 +432,34 @@ fn decide_async_works_without_a_runtime_too() {
     assert!(rt.block_on(future).is_ok());
 }
 
-#[test]
-fn a_model_folder_with_a_missing_file_names_it() {
+/// The default model's folder copied to a temporary one with only `files`, and its error when
+/// loaded from there.
+fn load_a_copy_with(name: &str, files: &[&str]) -> (std::path::PathBuf, EngineError) {
     let src = engine().info().dir.clone();
-    let dir = std::env::temp_dir().join(format!("decide-missing-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("decide-{name}-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
-    for f in [
-        "config.json",
-        "modules.json",
-        "1_Pooling/config.json",
-        "manifest.toml",
-        "model.safetensors",
-    ] {
+    for f in files {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
     let err = Engine::builder()
         .model(dir.to_str().unwrap())
         .build()
         .unwrap_err();
+    (dir, err)
+}
+
+#[test]
+fn a_model_folder_with_a_missing_file_names_it() {
+    let (dir, err) = load_a_copy_with(
+        "missing",
+        &[
+            "config.json",
+            "modules.json",
+            "1_Pooling/config.json",
+            "manifest.toml",
+            "model.safetensors",
+        ],
+    );
     assert!(matches!(err, EngineError::MissingFile { .. }));
     assert_eq!(
         err.to_string(),
@@ -460,22 +470,20 @@ fn a_model_folder_with_a_missing_file_names_it() {
 
 #[test]
 fn a_built_model_without_weights_names_the_command_that_builds_it() {
-    let src = engine().info().dir.clone();
-    let dir = std::env::temp_dir().join(format!("decide-unbuilt-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
-    for f in [
-        "config.json",
-        "modules.json",
-        "1_Pooling/config.json",
-        "manifest.toml",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "sentence_bert_config.json",
-        "vocab.txt",
-    ] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
+    let (dir, err) = load_a_copy_with(
+        "unbuilt",
+        &[
+            "config.json",
+            "modules.json",
+            "1_Pooling/config.json",
+            "manifest.toml",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "sentence_bert_config.json",
+            "vocab.txt",
+        ],
+    );
     let manifest = std::fs::read_to_string(dir.join("manifest.toml")).unwrap();
     let base = manifest
         .lines()
@@ -484,10 +492,6 @@ fn a_built_model_without_weights_names_the_command_that_builds_it() {
         .expect("the default model's manifest has a [build] table")
         .trim_matches('"')
         .to_string();
-    let err = Engine::builder()
-        .model(dir.to_str().unwrap())
-        .build()
-        .unwrap_err();
     assert!(matches!(err, EngineError::MissingFile { .. }));
     assert_eq!(
         err.to_string(),

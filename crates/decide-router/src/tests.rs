@@ -62,6 +62,15 @@ fn router(model: &Arc<MockDecisionModel>) -> DecisionModelChatModelRouter {
     DecisionModelChatModelRouter::new(model.clone())
 }
 
+/// A router over `model` that reads the last `n` messages.
+fn reading_last(model: &Arc<MockDecisionModel>, n: usize) -> DecisionModelChatModelRouter {
+    DecisionModelChatModelRouter::builder()
+        .decision_model(model.clone())
+        .max_messages(n)
+        .build()
+        .unwrap()
+}
+
 /// A closure router, typed so that the closure's lifetimes are inferred.
 fn closure_router(
     f: impl Fn(&ChatModelRoutingRequest<'_>) -> Result<ChatModelRoutingResult, RouterError>
@@ -297,11 +306,7 @@ fn the_last_user_message_alone_is_sent_by_default() {
 fn the_last_three_messages_up_to_the_last_user_message_are_sent() {
     let model = choosing(&[("simple", 0.2), ("complex", 0.8)]);
     let request = conversation(long_conversation());
-    DecisionModelChatModelRouter::builder()
-        .decision_model(model.clone())
-        .max_messages(3)
-        .build()
-        .unwrap()
+    reading_last(&model, 3)
         .route(&route_to(&request, routes()))
         .unwrap();
     assert_eq!(
@@ -358,19 +363,11 @@ fn a_short_follow_up_is_read_with_the_turn_it_answers() {
         .to_owned()
     });
     let request = conversation(long_conversation());
-    let with_history = DecisionModelChatModelRouter::builder()
-        .decision_model(model.clone())
-        .max_messages(3)
-        .build()
-        .unwrap()
+    let with_history = reading_last(&model, 3)
         .route(&route_to(&request, routes()))
         .unwrap();
     assert_eq!(with_history, ChatModelRoutingResult::route("complex"));
-    let last_only = DecisionModelChatModelRouter::builder()
-        .decision_model(model.clone())
-        .max_messages(1)
-        .build()
-        .unwrap();
+    let last_only = reading_last(&model, 1);
     let alone = last_only.route(&route_to(&request, routes())).unwrap();
     assert_eq!(alone, ChatModelRoutingResult::route("simple"));
     assert_eq!(
