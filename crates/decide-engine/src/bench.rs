@@ -6,7 +6,7 @@
 
 use decide_contract::{DecisionInput, DecisionRequest, YesNoQuestion};
 
-use crate::tokenize::TokenRow;
+use crate::backend::TokenRow;
 use crate::{Engine, Result};
 
 /// Runs `batch` sequences of exactly `tokens` tokens through the model once: the unit the

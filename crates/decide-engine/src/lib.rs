@@ -94,6 +94,7 @@ pub use answering::{
 };
 pub use backend::config::{Activation, EncoderConfig, Family};
 pub use backend::device::{CpuKernels, DeviceSpec, Precision};
+pub use backend::TokenRow;
 pub use calibration::{sigmoid, softmax, Calibration};
 /// The manifest's `[conformal]` table; defined in the contract so that the tool filter can take it
 /// without depending on the engine.
@@ -113,4 +114,4 @@ pub use scoring::{
     Engine, EngineBuilder, ModelInfo, ScoreKind, Scores, DEFAULT_CACHE_BYTES,
     DEFAULT_CACHE_CAPACITY, DEFAULT_MAX_BATCH_TOKENS,
 };
-pub use tokenize::{trim_pair, trim_single, TokenRow, Tokenization};
+pub use tokenize::{trim_pair, trim_single, Tokenization};

@@ -18,6 +18,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::backend::TokenRow;
+
 use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 
 use crate::error::{require, EngineError, Result};
@@ -49,28 +51,6 @@ fn cut_end(text: &str, max_bytes: usize) -> &str {
         start += 1;
     }
     &text[start..]
-}
-
-/// One row as the model reads it: token ids with special tokens, and their token type ids.
-// No `Debug`: token ids decode back to the user's text.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct TokenRow {
-    /// The token ids, special tokens included.
-    pub ids: Vec<u32>,
-    /// The token type of each id (0 for the query, 1 for the document of a BERT pair).
-    pub type_ids: Vec<u32>,
-}
-
-impl TokenRow {
-    /// Its length in tokens, special tokens included.
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    /// Whether it has no token.
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
 }
 
 /// A model's tokenizer with the model's length: turns queries, documents and pairs into

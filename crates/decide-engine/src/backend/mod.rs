@@ -32,16 +32,30 @@ pub(crate) use encoder::{HeadKind, Pooling};
 /// One row's input: its token ids and their token type ids.
 pub(crate) type RowRef<'a> = (&'a [u32], &'a [u32]);
 
-/// One row's input, owned: for rows the backend keeps until it uses them, where a [`RowRef`]
-/// would tie the [`Placement`] to the caller's rows.
-pub(crate) struct OwnedRow {
+/// One row as the model reads it: token ids with special tokens, and their token type ids.
+/// Defined with the backend that runs it, so that the tokenizer above produces it and the
+/// backend keeps rows of its own (the int8 path's calibration rows) without knowing the
+/// tokenizer.
+// No `Debug`: token ids decode back to the user's text.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TokenRow {
     /// The token ids, special tokens included.
-    pub(crate) ids: Vec<u32>,
-    /// The token type of each id.
-    pub(crate) type_ids: Vec<u32>,
+    pub ids: Vec<u32>,
+    /// The token type of each id (0 for the query, 1 for the document of a BERT pair).
+    pub type_ids: Vec<u32>,
 }
 
-impl OwnedRow {
+impl TokenRow {
+    /// Its length in tokens, special tokens included.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether it has no token.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
     /// The row as [`Backend::forward`] takes it.
     pub(crate) fn as_row(&self) -> RowRef<'_> {
         (&self.ids, &self.type_ids)
@@ -83,7 +97,7 @@ pub(crate) struct Placement {
     /// The linear layers in bf16 on AMX (fused CPU path only; the caller checked for AMX).
     pub(crate) bf16: bool,
     /// Rows the int8 path measures its layers' input ranges on (see [`Model::load`]).
-    pub(crate) int8_calibration: Vec<OwnedRow>,
+    pub(crate) int8_calibration: Vec<TokenRow>,
     pub(crate) max_batch_tokens: usize,
 }
 
@@ -148,7 +162,7 @@ impl CandleBackend {
                 );
             }
         }
-        let calibration: Vec<RowRef<'_>> = int8_calibration.iter().map(OwnedRow::as_row).collect();
+        let calibration: Vec<RowRef<'_>> = int8_calibration.iter().map(TokenRow::as_row).collect();
         let model = Model::load(vb, &config, head, path, &calibration)
             .map_err(|e| EngineError::unreadable(&weights, e))?;
         Ok(Self {

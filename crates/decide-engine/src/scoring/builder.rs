@@ -11,14 +11,15 @@ use super::cache::EmbeddingCache;
 use super::{Engine, Inner, ModelInfo, ScoreKind};
 use crate::backend::config::{EncoderConfig, Family};
 use crate::backend::device::{device_name, CpuKernels, DeviceSpec, Precision};
+use crate::backend::TokenRow;
 use crate::backend::{
-    embedding_head, sentence_max_length, Backend, CandleBackend, HeadKind, OwnedRow, Placement,
+    embedding_head, sentence_max_length, Backend, CandleBackend, HeadKind, Placement,
 };
 use crate::calibration::Calibration;
 use crate::error::{require, EngineError, Result};
 use crate::needs_tool::NeedsTool;
 use crate::registry::{self, HeadName, ModelLocation, DEFAULT_MODEL};
-use crate::tokenize::{TokenRow, Tokenization};
+use crate::tokenize::Tokenization;
 
 /// The default token budget of one forward pass: rows × longest row.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16_384;
@@ -477,7 +478,7 @@ fn needs_tool(
 /// The rows `--dtype int8` measures its layers' input ranges on before quantizing them: short
 /// conversations and tool, route and criterion texts (`int8_calibration.txt`, a query and a
 /// document a line), as the model will read them.
-fn int8_calibration(tokens: &Tokenization, head: HeadName) -> Result<Vec<OwnedRow>> {
+fn int8_calibration(tokens: &Tokenization, head: HeadName) -> Result<Vec<TokenRow>> {
     const TEXTS: &str = include_str!("../backend/int8_calibration.txt");
     let mut rows = Vec::new();
     for (query, document) in TEXTS.lines().filter_map(|l| l.split_once('\t')) {
@@ -489,8 +490,5 @@ fn int8_calibration(tokens: &Tokenization, head: HeadName) -> Result<Vec<OwnedRo
             HeadName::CrossEncoder => rows.push(tokens.encode_pair(query, document)?),
         }
     }
-    Ok(rows
-        .into_iter()
-        .map(|TokenRow { ids, type_ids }| OwnedRow { ids, type_ids })
-        .collect())
+    Ok(rows)
 }

@@ -12,13 +12,14 @@ use std::sync::{Arc, Mutex};
 use candle_core::Device;
 use decide_contract::{Conformal, DecisionInput};
 
+use crate::backend::TokenRow;
 use crate::backend::{Backend, RowRef};
 use crate::calibration::Calibration;
 use crate::error::{EngineError, Result};
 use crate::lexical::RecentIndexes;
 use crate::needs_tool::NeedsTool;
 use crate::registry::HeadName;
-use crate::tokenize::{TokenRow, Tokenization};
+use crate::tokenize::Tokenization;
 use staged::EncodedRow;
 
 mod builder;
@@ -234,13 +235,7 @@ impl Engine {
 
     /// Runs rows through the backend: one output vector per row, in the rows' order.
     pub(crate) fn run<R: Borrow<TokenRow>>(&self, rows: &[R]) -> Result<Vec<Vec<f32>>> {
-        let rows: Vec<RowRef<'_>> = rows
-            .iter()
-            .map(|r| {
-                let r = r.borrow();
-                (r.ids.as_slice(), r.type_ids.as_slice())
-            })
-            .collect();
+        let rows: Vec<RowRef<'_>> = rows.iter().map(|r| r.borrow().as_row()).collect();
         let outputs = self.inner.backend.forward(&rows)?;
         if outputs.iter().flatten().any(|x| !x.is_finite()) {
             return Err(EngineError::NonFinite {

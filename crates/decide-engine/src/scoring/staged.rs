@@ -16,9 +16,9 @@ use decide_contract::DecisionInput;
 
 use super::cache::cosine;
 use super::{Engine, Scores};
+use crate::backend::TokenRow;
 use crate::error::{EngineError, Result};
 use crate::registry::HeadName;
-use crate::tokenize::TokenRow;
 
 /// One tokenized row (a text, or a query-candidate pair), ready for the model.
 // No `Debug`: token ids decode back to the user's text.
