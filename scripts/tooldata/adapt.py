@@ -113,7 +113,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=4, help="times each MCP case is repeated")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--extra", action="append", default=[], metavar="FILE.jsonl",
-                        help="more cases, each with its own \"tools\", taken once (repeat)")
+                        help="more cases, each with its own \"tools\", taken --extra-repeat times (repeat)")
+    parser.add_argument("--extra-repeat", type=int, default=1, metavar="N",
+                        help="times each --extra case is taken (default 1)")
     parser.add_argument("--mcp", nargs=2, action="append", default=[], metavar=("CASES.jsonl", "CATALOGUE.json"),
                         help="more MCP conversations against a catalogue, repeated like the tuning parts (repeat)")
     parser.add_argument("--held-back", action="append", default=[], metavar="CASES.jsonl",
@@ -121,8 +123,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--folds", type=int, default=0, help="deal the MCP cases into this many folds")
     parser.add_argument("--fold", type=int, default=0, help="the fold held out (0-based)")
     args = parser.parse_args(argv)
-    if args.replay < 0 or args.repeat < 1:
-        raise Fail("--replay must be at least 0 and --repeat at least 1")
+    if args.replay < 0 or args.repeat < 1 or args.extra_repeat < 1:
+        raise Fail("--replay must be at least 0, and --repeat and --extra-repeat at least 1")
     if args.folds == 1 or args.folds < 0 or (args.folds and not 0 <= args.fold < args.folds):
         raise Fail(f"--fold {args.fold} of --folds {args.folds}: need at least 2 folds and 0 <= fold < folds")
 
@@ -158,7 +160,11 @@ def main(argv: list[str]) -> int:
         for c in extra:
             if not isinstance(c.get("tools"), list) or not c["tools"]:
                 raise Fail(f"{path}:{c['_line']}: tools: each --extra case needs its own tools")
-            lines.append({k: v for k, v in c.items() if k != "_line"})
+        # Each copy whole, one after the other; ids stay unique as the repeated MCP cases' do.
+        for k in range(args.extra_repeat):
+            for c in extra:
+                obj = {key: v for key, v in c.items() if key != "_line"}
+                lines.append({**obj, "id": f"{c['id']}~r{k}"} if k else obj)
         counts[f"extra{n}"] = {"cases": len(extra), "trained": len(extra), "held_out": 0}
     rng_for(args.seed, "adapt", "shuffle").shuffle(lines)
 

@@ -16,14 +16,19 @@ general sets' plugin-store descriptions:
   against the functions of the suites the conversation involves, expecting the functions that
   turn's answer calls. Earlier turns are left out: the data holds no tool results to show.
 
-The irrelevance categories are not used: `decide train` learns from the tools a case needs.
+The irrelevance categories (`irrelevance`, `live_irrelevance`: requests whose functions cannot
+answer them, "the area of a triangle" with only a body-mass-index function) are written apart, half
+of each to train on (against `decide train --no-tool-margin`: no function of such a case may reach
+the margin) and half to measure on: a public set of requests for a tool the catalogue lacks.
 
 Writes to `--out`:
 
 - `bfcl.jsonl`: the training cases (`{"id", "messages", "tools", "expected"}`);
 - `heldout.jsonl`: `--heldout` of the cases (seeded, per category), never trained on, with a
   `source` field, to measure on;
-- `summary.json`: the counts, the seed and the sha256 of every input.
+- `summary.json`: the counts, the seed and the sha256 of every input;
+- `irrelevance.jsonl` and `irrelevance-heldout.jsonl`: the irrelevance cases (`expected` empty),
+  half each (seeded, per category), and `irrelevance-summary.json`.
 
 No conversation of a report part (or of the tuning parts) is taken: those are checked and counted.
 Deterministic: the same wheel, options and seed give byte-identical files.
@@ -39,7 +44,7 @@ import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prepare import (  # noqa: E402
-    Fail, conversation_key, hold_out, json_objects, rng_for, with_arguments, write_split)  # noqa: E402
+    Fail, conversation_key, hold_out, json_objects, rng_for, with_arguments, write_jsonl, write_split)  # noqa: E402
 
 DATA = "bfcl_eval/data"
 LIVE = ["live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"]
@@ -170,6 +175,39 @@ def multi_turn_cases(wheel: Wheel):
             yield at, f"bfcl-{case_id}-turn{k}", user_messages(at, turn), catalogue, expected
 
 
+IRRELEVANCE = ["irrelevance", "live_irrelevance"]
+
+
+def irrelevance_cases(wheel: Wheel, category: str):
+    """Requests none of whose functions answers them; the few without a function are skipped."""
+    for at, obj in wheel.jsonl(f"{DATA}/BFCL_v4_{category}.json"):
+        case_id = obj.get("id")
+        question = obj.get("question")
+        if not isinstance(case_id, str) or not isinstance(question, list) or len(question) != 1:
+            raise Fail(f"{at}: expected an \"id\" and one turn")
+        tools = tools_of(at, obj.get("function"))
+        if tools:
+            yield {"id": f"bfcl-{case_id}", "messages": user_messages(at, question[0]), "tools": tools,
+                   "expected": []}
+
+
+def write_irrelevance(wheel: Wheel, out: str, seed: int, evals: set[str]) -> None:
+    train, heldout, counts = [], [], {}
+    for category in IRRELEVANCE:
+        kept = [c for c in irrelevance_cases(wheel, category) if conversation_key(c["messages"]) not in evals]
+        trained, held = hold_out(kept, 0.5, rng_for(seed, "bfcl", "irrelevance", category), f"bfcl-{category}")
+        train += trained
+        heldout += held
+        counts[category] = {"cases": len(kept), "trained": len(trained), "held_out": len(held)}
+    outputs = {name: write_jsonl(out, name, rows)
+               for name, rows in (("irrelevance.jsonl", train), ("irrelevance-heldout.jsonl", heldout))}
+    with open(os.path.join(out, "irrelevance-summary.json"), "w", encoding="utf-8") as f:
+        json.dump({"seed": seed, "categories": counts, "outputs_sha256": outputs}, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"irrelevance.jsonl: {len(train)} cases, irrelevance-heldout.jsonl: {len(heldout)}; written to {out}",
+          file=sys.stderr)
+
+
 def eval_conversations(eval_data: str) -> set[str]:
     keys = set()
     for part in ("own", "livemcpbench"):
@@ -230,6 +268,7 @@ def main(argv: list[str]) -> int:
     summary = {"seed": args.seed, "heldout": args.heldout, "categories": counts,
                "wheel": os.path.basename(args.wheel), "wheel_sha256": wheel.sha256}
     write_split(args.out, "bfcl.jsonl", train, heldout, summary, counts)
+    write_irrelevance(wheel, args.out, args.seed, evals)
     return 0
 
 

@@ -3,7 +3,7 @@
 calibration or choice of recipe reads (crates/decide-eval/data/registry/), models side by side.
 
     python3 scripts/tooldata/registry_report.py [--decide target/release/decide] [--data DIR]
-                                                [--json OUT.json] [--markdown] MODEL [MODEL ...]
+                                                [--irrelevance FILE.jsonl] [--json OUT.json] MODEL [MODEL ...]
 
 MODEL is anything `decide --model` takes (`bm25`, `all-MiniLM-L6-v2`, `decide-tools-minilm`, a folder); a
 `MODEL@OPTIONS` form passes extra `decide eval` options, e.g. `decide-tools-minilm@--target-recall=0.9`.
@@ -15,6 +15,10 @@ For each model, every `X.report.jsonl` of the folder is run against its `X.catal
   passed a case; by kind: follow-ups needing a new tool (share of their needed tools passed), turns needing
   none (no-tool follow-ups and topical requests: share with nothing passed but the tools already called),
   requests needing a tool the catalogue lacks (`absent-tool`: share with nothing passed but those called).
+
+`--irrelevance` adds a row of the same kind from a larger public set: the share of cases left empty of a file of
+requests that no tool of theirs answers, each with its own tools (`irrelevance-heldout.jsonl`, the half of BFCL's
+irrelevance categories that scripts/tooldata/bfcl.py holds out).
 """
 import argparse
 import glob
@@ -49,10 +53,14 @@ def run(decide, model, options, report, catalogue, out):
     return json.loads(done.stdout)
 
 
-def measure(decide, spec, parts):
+def model_and_options(spec):
+    """MODEL@--opt=v,--flag as ("MODEL", ["--opt", "v", "--flag"])."""
     model, _, extra = spec.partition("@")
-    options = [o.replace("=", " ", 1).split(" ", 1) for o in extra.split(",") if o]
-    options = [w for o in options for w in o]
+    return model, [w for o in extra.split(",") if o for w in o.replace("=", " ", 1).split(" ", 1)]
+
+
+def measure(decide, spec, parts):
+    model, options = model_and_options(spec)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, report, catalogue in parts:
@@ -118,13 +126,25 @@ ROWS = [
     ("follow-ups needing a new tool: needed passed", "follow_up_needed_passed"),
     ("turns needing no tool: nothing asked passed", "no_tool_clean"),
     ("requests needing an absent tool: nothing passed", "absent_clean"),
+    ("--irrelevance: nothing passed", "irrelevance_clean"),
 ]
+
+
+def irrelevance(decide, spec, path):
+    """The share of `path`'s cases (none needs a tool) that the model's default rule leaves empty."""
+    model, options = model_and_options(spec)
+    command = [decide, "--model", model, "eval", "--data", path, "--json"] + options
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        fail(f"{' '.join(command)}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return json.loads(done.stdout)["no_tool_none_selected"]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decide", default="target/release/decide")
     parser.add_argument("--data", default="crates/decide-eval/data/registry")
+    parser.add_argument("--irrelevance", metavar="FILE.jsonl")
     parser.add_argument("--json")
     parser.add_argument("models", nargs="+")
     args = parser.parse_args()
@@ -138,6 +158,8 @@ def main():
     if not parts:
         fail(f"{args.data}: no *.report.jsonl")
     results = {m: measure(args.decide, m, parts) for m in args.models}
+    for m in args.models:
+        results[m]["irrelevance_clean"] = irrelevance(args.decide, m, args.irrelevance) if args.irrelevance else None
     first = next(iter(results.values()))
     print(f"{first['cases']} cases of {len(parts)} catalogues ({', '.join(p[0] for p in parts)}); "
           f"{first['follow_up_cases']} follow-ups needing a tool, {first['no_tool_cases']} turns needing none, "
@@ -145,6 +167,8 @@ def main():
     print("| measure | " + " | ".join(args.models) + " |")
     print("|---|" + "---:|" * len(args.models))
     for label, key in ROWS:
+        if key == "irrelevance_clean" and not args.irrelevance:
+            continue
         cells = ["" if results[m][key] is None else f"{results[m][key]:.3f}" for m in args.models]
         print(f"| {label} | " + " | ".join(cells) + " |")
     if args.json:

@@ -81,7 +81,7 @@ class Adapt(unittest.TestCase):
         self.assertEqual(sorted(held), sorted(set(held)))
         self.assertEqual(len(held), 9 + 9 + 4)
 
-    def test_extra_cases_are_taken_once_with_their_own_tools(self):
+    def test_extra_cases_are_taken_with_their_own_tools_once_or_as_often_as_asked(self):
         extra = [dict(case(f"x{i}", ["b"]), tools=[{"name": "a", "description": "p"}, {"name": "b", "description": "q"}])
                  for i in range(4)]
         write_jsonl(self.root / "extra.jsonl", extra)
@@ -90,6 +90,12 @@ class Adapt(unittest.TestCase):
         self.assertEqual(len(rows), 5 + 3 * (9 + 9 + 4) + 4)
         self.assertEqual(sorted(r["id"] for r in rows if r["id"].startswith("x")), ["x0", "x1", "x2", "x3"])
         self.assertEqual(next(r for r in rows if r["id"] == "x0")["tools"], extra[0]["tools"])
+        # --extra-repeat takes each a given number of times, the copies' ids kept unique.
+        self.assertEqual(self.run_adapt("g", "--extra", str(self.root / "extra.jsonl"), "--extra-repeat", "3")
+                         .returncode, 0)
+        ids = sorted(r["id"] for r in self.lines("g", "adapt.jsonl") if r["id"].startswith("x0"))
+        self.assertEqual(ids, ["x0", "x0~r1", "x0~r2"])
+        self.assertEqual(self.run_adapt("h", "--extra-repeat", "0").returncode, 2)
         write_jsonl(self.root / "extra.jsonl", [case("y", ["b"])])
         done = self.run_adapt("f", "--extra", str(self.root / "extra.jsonl"))
         self.assertEqual(done.returncode, 2)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent / "bfcl.py"
 sys.path.insert(0, str(SCRIPT.parent))
-from bfcl import LIVE, SUITES  # noqa: E402
+from bfcl import IRRELEVANCE, LIVE, SUITES  # noqa: E402
 
 D = "bfcl_eval/data"
 
@@ -54,6 +54,10 @@ class Bfcl(unittest.TestCase):
         self.members[f"{D}/possible_answer/BFCL_v4_multi_turn_base.json"] = jsonl([{
             "id": "multi_turn_base_0",
             "ground_truth": [["MathAPI_a(x=1)", "MathAPI_b(y='(')", "MathAPI_a(x=2)"], ["TicketAPI_a()"], []]}])
+        for category in IRRELEVANCE:
+            self.members[f"{D}/BFCL_v4_{category}.json"] = jsonl(
+                [{"id": f"{category}_{i}", "question": [[{"role": "user", "content": f"{category} area {i}"}]],
+                  "function": [fn("bmi", {"weight": {"type": "float"}})] if i else []} for i in range(9)])
         self.wheel = self.write_wheel(self.members)
 
     def tearDown(self):
@@ -104,6 +108,24 @@ class Bfcl(unittest.TestCase):
         summary = json.loads((self.root / "a" / "summary.json").read_text())
         self.assertEqual(summary["categories"]["live_simple"]["eval_overlap"], 1)
         self.assertEqual(summary["categories"]["live_simple"]["held_out"], 2)
+
+    def test_irrelevance_cases_need_no_tool_and_half_of_each_category_is_held_out(self):
+        for out in ("a", "b"):
+            done = self.run_bfcl(out)
+            self.assertEqual(done.returncode, 0, done.stderr)
+        for name in ("irrelevance.jsonl", "irrelevance-heldout.jsonl", "irrelevance-summary.json"):
+            self.assertEqual((self.root / "a" / name).read_bytes(), (self.root / "b" / name).read_bytes())
+        train, held = self.lines("a", "irrelevance.jsonl"), self.lines("a", "irrelevance-heldout.jsonl")
+        # Nine a category, less the one without a function: four to train on, four held out.
+        for category in IRRELEVANCE:
+            self.assertEqual(sum(r["id"].startswith(f"bfcl-{category}_") for r in train), 4)
+            self.assertEqual(sum(r["id"].startswith(f"bfcl-{category}_") for r in held), 4)
+        self.assertFalse({r["id"] for r in train} & {r["id"] for r in held})
+        self.assertTrue(all(r["expected"] == [] for r in train + held))
+        self.assertEqual(train[0]["tools"], [{"name": "bmi", "description": "does bmi",
+                                              "parameters": {"type": "object", "properties": {"weight": {}}}}])
+        # The training file is the same whether or not the irrelevance cases are written.
+        self.assertNotIn("irrelevance", (self.root / "a" / "bfcl.jsonl").read_text())
 
     def test_bad_input_is_a_one_line_error(self):
         members = dict(self.members)
