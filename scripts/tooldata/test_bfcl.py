@@ -81,12 +81,16 @@ class Bfcl(unittest.TestCase):
     def lines(self, out, name):
         return [json.loads(l) for l in (self.root / out / name).read_text().splitlines()]
 
-    def test_cases_carry_their_tools_and_the_called_functions_and_the_same_seed_gives_the_same_bytes(self):
+    def run_twice_to_the_same_bytes(self, *names):
+        """Runs bfcl.py into `a` and `b`, and checks that each of `names` came out the same."""
         for out in ("a", "b"):
             done = self.run_bfcl(out)
             self.assertEqual(done.returncode, 0, done.stderr)
-        for name in ("bfcl.jsonl", "heldout.jsonl", "summary.json"):
+        for name in names:
             self.assertEqual((self.root / "a" / name).read_bytes(), (self.root / "b" / name).read_bytes())
+
+    def test_cases_carry_their_tools_and_the_called_functions_and_the_same_seed_gives_the_same_bytes(self):
+        self.run_twice_to_the_same_bytes("bfcl.jsonl", "heldout.jsonl", "summary.json")
         train, held = self.lines("a", "bfcl.jsonl"), self.lines("a", "heldout.jsonl")
         self.assertFalse({r["id"] for r in train} & {r["id"] for r in held})
         live = [r for r in train + held if r["id"].startswith("bfcl-live_")]
@@ -110,11 +114,7 @@ class Bfcl(unittest.TestCase):
         self.assertEqual(summary["categories"]["live_simple"]["held_out"], 2)
 
     def test_irrelevance_cases_need_no_tool_and_half_of_each_category_is_held_out(self):
-        for out in ("a", "b"):
-            done = self.run_bfcl(out)
-            self.assertEqual(done.returncode, 0, done.stderr)
-        for name in ("irrelevance.jsonl", "irrelevance-heldout.jsonl", "irrelevance-summary.json"):
-            self.assertEqual((self.root / "a" / name).read_bytes(), (self.root / "b" / name).read_bytes())
+        self.run_twice_to_the_same_bytes("irrelevance.jsonl", "irrelevance-heldout.jsonl", "irrelevance-summary.json")
         train, held = self.lines("a", "irrelevance.jsonl"), self.lines("a", "irrelevance-heldout.jsonl")
         # Nine a category, less the one without a function: four to train on, four held out.
         for category in IRRELEVANCE:
