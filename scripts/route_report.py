@@ -81,7 +81,7 @@ def main():
     p.add_argument("--dir", type=Path, default=ROOT / "crates/decide-eval/data/routes")
     p.add_argument("--decide", default=str(ROOT / "target/release/decide"))
     p.add_argument("--set", action="append", help="only this set (repeatable)")
-    p.add_argument("--max-messages", type=int, help="passed to decide route (its default: 3)")
+    p.add_argument("--max-messages", type=int, help="passed to decide route (its default: 1, the last message)")
     p.add_argument("--jobs", type=int, default=2, help="processes at once")
     p.add_argument("--json", dest="json_out", metavar="OUT", help="write every decision and the shares as JSON")
     p.add_argument("--errors", action="store_true", help="list the misrouted cases after the table")
@@ -137,7 +137,7 @@ def main():
     for label_set, label_kind, sk, kk in rows:
         cells = [frac(*tallies[m][(sk, kk)]) for m in args.models]
         lines.append(f"| {label_set} | {label_kind} | " + " | ".join(cells) + " |")
-    mm = args.max_messages if args.max_messages is not None else "3 (default)"
+    mm = args.max_messages if args.max_messages is not None else "1 (default)"
     print(f"Routed right, share (right/total); --max-messages {mm}\n")
     print("\n".join(lines))
 
