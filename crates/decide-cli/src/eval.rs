@@ -163,8 +163,10 @@ fn print_threshold(
         _ => match report.companion_min_probability {
             Some(companion) => writeln!(
                 out,
-                "needs-tool gate at {} (--min-probability), then tools from {companion} (the model's)",
-                report.threshold
+                "needs-tool gate at {} (--min-probability), then tools from {companion} (the model's) or {} of the best among the first {}",
+                report.threshold,
+                decide_contract::COMPANION_SHARE,
+                decide_contract::COMPANION_RANKS
             )?,
             None => writeln!(out, "threshold {} (--min-probability)", report.threshold)?,
         },

@@ -64,8 +64,10 @@ fn rule(filter: &FilteringToolProvider) -> String {
             filter.min_probability()
         ),
         (None, Some(companion)) => format!(
-            "needs a tool at {}, then tools from {companion}",
-            filter.min_probability()
+            "needs a tool at {}, then tools from {companion} or {} of the best among the first {}",
+            filter.min_probability(),
+            decide_contract::COMPANION_SHARE,
+            decide_contract::COMPANION_RANKS
         ),
         (None, None) => format!("min probability {}", filter.min_probability()),
     }

@@ -87,7 +87,7 @@ pub use listener::{
 };
 pub use mock::MockDecisionModel;
 pub use model::{DecisionFuture, DecisionModel, SelectionHints};
-pub use request::{needs_tool_gate, needs_tool_probability};
+pub use request::{needs_tool_gate, needs_tool_probability, COMPANION_RANKS, COMPANION_SHARE};
 pub use request::{
     Candidate, ChoiceOption, ChoiceQuestion, ChoiceQuestionBuilder, DecisionInput, DecisionRequest,
     DecisionRequestBuilder, DecisionRequestParameters, Question, ScaleLevel, ScaleQuestion,

@@ -300,12 +300,26 @@ pub fn needs_tool_probability(needs_tool: Option<f64>, best_tool: f64) -> f64 {
     }
 }
 
+/// How many of the most probable candidates, the best among them, may pass from the lower bar
+/// of [`COMPANION_SHARE`] once the gate is open.
+pub const COMPANION_RANKS: usize = 5;
+
+/// Once the gate is open, a candidate among the [`COMPANION_RANKS`] most probable passes when
+/// its probability reaches this share of the best one's, even under the companions' bar: on a
+/// catalogue the model never read, the best tool itself is often at 0.1 to 0.3, and the tools a
+/// request needs beside it lower still, so a fixed bar holds them back just where the model is
+/// least sure. Where the best tool is sure (above the companions' bar over this share), the
+/// fixed bar is the lower one and decides alone.
+pub const COMPANION_SHARE: f64 = 0.3;
+
 /// The needs-tool gate over one conversation's candidates: its probability
 /// ([`needs_tool_probability`] of `needs_tool` and `probabilities[best]`), and which candidates
 /// pass. While that probability is under `min_probability` none does; once it reaches it, the
 /// candidate at `best` does, with every one whose probability reaches
-/// `companion_min_probability`, the bar of the tools a request needs beside its best one.
-/// `best` is the caller's: its ranking decides ties, and which candidates may be the best.
+/// `companion_min_probability`, the bar of the tools a request needs beside its best one, and
+/// every one of the [`COMPANION_RANKS`] most probable whose probability reaches
+/// [`COMPANION_SHARE`] of the best one's. `best` is the caller's: its ranking decides ties, and
+/// which candidates may be the best.
 ///
 /// # Panics
 ///
@@ -317,12 +331,24 @@ pub fn needs_tool_gate(
     min_probability: f64,
     companion_min_probability: f64,
 ) -> (f64, Vec<bool>) {
-    let probability = needs_tool_probability(needs_tool, probabilities[best]);
+    let top = probabilities[best];
+    let probability = needs_tool_probability(needs_tool, top);
     let open = probability >= min_probability;
+    // The most probable first, earlier candidates first among equals, as rankings order them.
+    let mut order: Vec<usize> = (0..probabilities.len()).filter(|&i| i != best).collect();
+    order.sort_by(|&a, &b| {
+        probabilities[b]
+            .total_cmp(&probabilities[a])
+            .then(a.cmp(&b))
+    });
+    let mut near_the_best = vec![false; probabilities.len()];
+    for &i in order.iter().take(COMPANION_RANKS.saturating_sub(1)) {
+        near_the_best[i] = probabilities[i] >= COMPANION_SHARE * top;
+    }
     let passing = probabilities
         .iter()
         .enumerate()
-        .map(|(i, &p)| open && (i == best || p >= companion_min_probability))
+        .map(|(i, &p)| open && (i == best || p >= companion_min_probability || near_the_best[i]))
         .collect();
     (probability, passing)
 }
@@ -1697,11 +1723,33 @@ mod tests {
         assert_eq!(passing, vec![false; 4]);
         let (probability, passing) = needs_tool_gate(Some(0.95), &probabilities, 3, 0.5, 0.5);
         assert!(probability >= 0.5);
-        assert_eq!(passing, vec![false, true, false, true]);
+        // The others are within the first ranks and over 0.3 of the best's 0.1.
+        assert_eq!(passing, vec![true; 4]);
         // Shut: nothing, however probable the companions.
         assert_eq!(
             needs_tool_gate(None, &probabilities, 0, 0.5, 0.0),
             (0.3, vec![false; 4])
         );
+    }
+
+    #[test]
+    fn an_unsure_best_tool_brings_the_nearest_tools_under_the_companions_bar() {
+        // The best at 0.15: 0.3 of it is 0.045, so the next four most probable pass from there,
+        // and the sixth, under it anyway, does not; nor does one under 0.045.
+        let probabilities = [0.05, 0.15, 0.06, 0.07, 0.08, 0.01, 0.046];
+        let (_, passing) = needs_tool_gate(Some(0.99), &probabilities, 1, 0.5, 0.2);
+        assert_eq!(
+            passing,
+            vec![true, true, true, true, true, false, false],
+            "the best, the four next (0.08, 0.07, 0.06, 0.05), not the sixth (0.046)"
+        );
+        // A sure best tool: 0.3 of 0.9 is over the companions' bar, which decides alone.
+        let probabilities = [0.9, 0.25, 0.21, 0.19];
+        let (_, passing) = needs_tool_gate(None, &probabilities, 0, 0.5, 0.2);
+        assert_eq!(passing, vec![true, true, true, false]);
+        // Equals among the ranks: the earlier candidate first.
+        let probabilities = [0.1, 0.04, 0.04, 0.04, 0.04, 0.04];
+        let (_, passing) = needs_tool_gate(Some(0.99), &probabilities, 0, 0.5, 0.2);
+        assert_eq!(passing, vec![true, true, true, true, true, false]);
     }
 }

@@ -683,7 +683,8 @@ impl FilteringToolProviderBuilder {
     /// [`YesNoQuestion::needs_tool`], and no tool passes unless
     /// [`needs_tool_probability`](decide_contract::needs_tool_probability) of its answer and the best tool's probability reaches
     /// [`min_probability`](Self::min_probability); then the best tool passes, and with it every tool whose
-    /// probability reaches `companion_min_probability` (between 0 and 1). A model that refuses the question
+    /// probability reaches `companion_min_probability` (between 0 and 1), and the next most probable that reach
+    /// a share of the best one's ([`needs_tool_gate`](decide_contract::needs_tool_gate)). A model that refuses the question
     /// (one without a needs-tool head) leaves the gate to the best tool's probability alone.
     ///
     /// One threshold on each tool's probability trades the tools a request needs against the requests that need

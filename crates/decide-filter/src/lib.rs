@@ -32,7 +32,8 @@
 //!    needs any tool at all ([`YesNoQuestion::needs_tool`](decide_contract::YesNoQuestion::needs_tool)), and the
 //!    rule is two-step: nothing passes unless [`needs_tool_probability`](decide_contract::needs_tool_probability)
 //!    of that answer and the best candidate's probability reaches `min_probability`; then the best candidate passes,
-//!    and every candidate reaching the lower `companion_min_probability`. The gate is on by default when the
+//!    and every candidate reaching the lower `companion_min_probability` or, among the next most probable, a share
+//!    of the best one's ([`needs_tool_gate`](decide_contract::needs_tool_gate)). The gate is on by default when the
 //!    decision model says it has a needs-tool head
 //!    ([`selection_hints`](decide_contract::DecisionModel::selection_hints)) and no target recall is set, so
 //!    the builder selects as `decide select` and `/v1/select` do; the model also gives the conformal table a
