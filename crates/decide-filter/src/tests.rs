@@ -1410,18 +1410,39 @@ fn without_a_head_the_gate_opens_on_the_best_tool_and_passes_its_companions() {
     assert!(!selection.gate.unwrap().open);
 }
 
+/// With its companions' bar at `min_probability`, the gate selects what one threshold does, and
+/// once open the tools near the best one too: those over 0.3 of the best tool's 0.95
+/// (`create_invoice` at 0.3, `get_forecast` at 0.8), whatever the bar.
 #[test]
-fn with_the_companion_at_min_probability_the_gate_selects_what_one_threshold_does() {
+fn with_the_companion_at_min_probability_the_gate_selects_what_one_threshold_does_and_the_best_ones_neighbours(
+) {
     let model = gated_model(None);
-    for min in [0.05, 0.3, 0.5, 0.9, 0.96] {
+    let all = [
+        "send_email",
+        "get_weather",
+        "create_invoice",
+        "get_forecast",
+    ];
+    let near_the_best = &all[1..];
+    for (min, plain_names, gate_names) in [
+        (0.05, &all[..], &all[..]),
+        (0.3, near_the_best, near_the_best),
+        (0.5, &["get_weather", "get_forecast"][..], near_the_best),
+        (0.9, &["get_weather"][..], near_the_best),
+        (0.96, &[][..], &[][..]),
+    ] {
         let plain = builder(catalogue(), &model)
             .min_probability(min)
             .build()
             .unwrap();
-        let with_gate = gated(&model, min, min);
         assert_eq!(
-            with_gate.select(&ask("x")).unwrap().names(),
             plain.select(&ask("x")).unwrap().names(),
+            plain_names,
+            "min_probability {min}"
+        );
+        assert_eq!(
+            gated(&model, min, min).select(&ask("x")).unwrap().names(),
+            gate_names,
             "min_probability {min}"
         );
     }
