@@ -44,7 +44,7 @@ import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prepare import (  # noqa: E402
-    Fail, conversation_key, hold_out, json_objects, rng_for, with_arguments, write_jsonl, write_split)  # noqa: E402
+    Fail, conversation_key, hold_out, json_objects, rng_for, with_arguments, write_split)  # noqa: E402
 
 DATA = "bfcl_eval/data"
 LIVE = ["live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"]
@@ -199,13 +199,8 @@ def write_irrelevance(wheel: Wheel, out: str, seed: int, evals: set[str]) -> Non
         train += trained
         heldout += held
         counts[category] = {"cases": len(kept), "trained": len(trained), "held_out": len(held)}
-    outputs = {name: write_jsonl(out, name, rows)
-               for name, rows in (("irrelevance.jsonl", train), ("irrelevance-heldout.jsonl", heldout))}
-    with open(os.path.join(out, "irrelevance-summary.json"), "w", encoding="utf-8") as f:
-        json.dump({"seed": seed, "categories": counts, "outputs_sha256": outputs}, f, indent=1, sort_keys=True)
-        f.write("\n")
-    print(f"irrelevance.jsonl: {len(train)} cases, irrelevance-heldout.jsonl: {len(heldout)}; written to {out}",
-          file=sys.stderr)
+    write_split(out, "irrelevance.jsonl", train, heldout, {"seed": seed, "categories": counts}, counts,
+                heldout_name="irrelevance-heldout.jsonl", summary_name="irrelevance-summary.json")
 
 
 def eval_conversations(eval_data: str) -> set[str]:

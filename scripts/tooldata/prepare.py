@@ -112,8 +112,8 @@ def write_jsonl(folder: str, name: str, rows: list[dict]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_summary(folder: str, summary: dict) -> None:
-    with open(os.path.join(folder, "summary.json"), "w", encoding="utf-8") as f:
+def write_summary(folder: str, summary: dict, name: str = "summary.json") -> None:
+    with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1, sort_keys=True)
         f.write("\n")
 
@@ -151,13 +151,13 @@ def hold_out(kept: list[dict], share: float, rng, source: str) -> tuple[list[dic
 
 
 def write_split(out: str, name: str, train: list[dict], heldout: list[dict], summary: dict,
-                counts: dict) -> None:
-    """Writes a converter's `name` (the training cases), `heldout.jsonl` and `summary.json` (with
+                counts: dict, heldout_name: str = "heldout.jsonl", summary_name: str = "summary.json") -> None:
+    """Writes a converter's `name` (the training cases), `heldout_name` and `summary_name` (with
     both files' sha256) into `out`, and says what it wrote, per source, on stderr."""
     os.makedirs(out, exist_ok=True)
-    outputs = {file: write_jsonl(out, file, rows) for file, rows in ((name, train), ("heldout.jsonl", heldout))}
-    write_summary(out, {**summary, "outputs_sha256": outputs})
-    print(f"{name}: {len(train)} cases, heldout.jsonl: {len(heldout)} ("
+    outputs = {file: write_jsonl(out, file, rows) for file, rows in ((name, train), (heldout_name, heldout))}
+    write_summary(out, {**summary, "outputs_sha256": outputs}, summary_name)
+    print(f"{name}: {len(train)} cases, {heldout_name}: {len(heldout)} ("
           + ", ".join(f"{s} {n['trained']}+{n['held_out']}" for s, n in counts.items())
           + f"); written to {out}", file=sys.stderr)
 

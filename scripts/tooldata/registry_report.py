@@ -44,9 +44,9 @@ def called(messages):
     return names
 
 
-def run(decide, model, options, report, catalogue, out):
-    command = [decide, "--model", model, "eval", "--data", report, "--tools", catalogue, "--json",
-               "--cases-out", out] + options
+def run(decide, model, options, *eval_args):
+    """`decide --model MODEL eval EVAL_ARGS --json OPTIONS`'s report; a failure ends the script with its last line."""
+    command = [decide, "--model", model, "eval", *eval_args, "--json"] + options
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         fail(f"{' '.join(command)}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
@@ -65,7 +65,7 @@ def measure(decide, spec, parts):
     with tempfile.TemporaryDirectory() as tmp:
         for name, report, catalogue in parts:
             out = os.path.join(tmp, f"{name}.jsonl")
-            run(decide, model, options, report, catalogue, out)
+            run(decide, model, options, "--data", report, "--tools", catalogue, "--cases-out", out)
             cases = {}
             with open(report) as f:
                 for line in f:
@@ -133,11 +133,7 @@ ROWS = [
 def irrelevance(decide, spec, path):
     """The share of `path`'s cases (none needs a tool) that the model's default rule leaves empty."""
     model, options = model_and_options(spec)
-    command = [decide, "--model", model, "eval", "--data", path, "--json"] + options
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        fail(f"{' '.join(command)}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
-    return json.loads(done.stdout)["no_tool_none_selected"]
+    return run(decide, model, options, "--data", path)["no_tool_none_selected"]
 
 
 def main():
