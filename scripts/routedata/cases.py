@@ -27,11 +27,10 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tooldata"))
+from prepare import Fail, json_objects  # noqa: E402
+
 KINDS = ("single", "greeting", "chit-chat", "near-miss", "follow-up", "non-english")
-
-
-class Fail(Exception):
-    pass
 
 
 def normal(text):
@@ -69,14 +68,8 @@ def user_texts(messages):
     return [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
 
 
-def read_case(path, n, line, routes):
+def read_case(path, n, case, routes):
     where = f"{path}:{n}"
-    try:
-        case = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise Fail(f"{where}: not JSON ({e.msg})") from None
-    if not isinstance(case, dict):
-        raise Fail(f"{where}: a JSON object is required")
     if not isinstance(case.get("id"), str) or not case["id"].strip():
         raise Fail(f"{where}: id: a non-blank string is required")
     if case.get("kind") not in KINDS:
@@ -109,8 +102,8 @@ def route_sets(folder):
             raise Fail(f"{routes_path}:{e.lineno}: not JSON ({e.msg})") from None
         opts = options(routes_path, spec)
         routes = {route for _, _, route in opts}
-        lines = cases_path.read_text(encoding="utf-8").splitlines()
-        cases = [read_case(cases_path, n, line, routes) for n, line in enumerate(lines, 1) if line.strip()]
+        objects = json_objects(cases_path.read_text(encoding="utf-8"), lambda n: f"{cases_path}:{n}")
+        cases = [read_case(cases_path, n, case, routes) for n, case in objects]
         if not cases:
             raise Fail(f"{cases_path}: no cases")
         sets.append((name, routes_path, opts, cases_path, cases))

@@ -109,7 +109,7 @@ class Cases(unittest.TestCase):
         (self.train / "dev.cases.jsonl").write_text(json.dumps(case("d1", "chat", "hi")) + "\n{oops\n")
         done, _ = self.run_script()
         self.assertEqual(done.returncode, 2)
-        self.assertIn("dev.cases.jsonl:2: not JSON", done.stderr)
+        self.assertIn("dev.cases.jsonl:2: invalid JSON", done.stderr)
 
     def test_a_routes_file_without_its_cases_is_an_error(self):
         (self.train / "dev.cases.jsonl").unlink()
