@@ -156,9 +156,13 @@ def main(argv=None):
     except Fail as e:
         print(f"cases.py: {e}", file=sys.stderr)
         return 2
-    with open(args.out, "w", encoding="utf-8") as f:
-        for case in cases:
-            f.write(json.dumps(case, ensure_ascii=False) + "\n")
+    try:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for case in cases:
+                f.write(json.dumps(case, ensure_ascii=False) + "\n")
+    except OSError as e:
+        print(f"cases.py: {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
     print(f"{len(cases)} cases of {sets} route sets written to {args.out}", file=sys.stderr)
     return 0
 

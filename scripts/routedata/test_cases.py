@@ -111,6 +111,13 @@ class Cases(unittest.TestCase):
         self.assertEqual(done.returncode, 2)
         self.assertIn("dev.cases.jsonl:2: invalid JSON", done.stderr)
 
+    def test_an_output_that_cannot_be_written_is_a_one_line_error(self):
+        done = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(self.train),
+                               "--out", str(self.root / "missing" / "out.jsonl")], capture_output=True, text=True)
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("out.jsonl: No such file or directory", done.stderr)
+        self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
+
     def test_a_routes_file_without_its_cases_is_an_error(self):
         (self.train / "dev.cases.jsonl").unlink()
         done, _ = self.run_script()
