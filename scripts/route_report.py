@@ -28,30 +28,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts" / "routedata"))
+from cases import route_sets  # noqa: E402
+from prepare import Fail  # noqa: E402  (cases.py puts scripts/tooldata on the path)
 KIND_ORDER = ["single", "greeting", "chit-chat", "near-miss", "follow-up", "non-english"]
 
 
 def load_sets(folder, only):
+    """The route sets of `folder` (all of them validated, as training reads them), those named in `only` if any."""
     sets = []
-    for routes in sorted(folder.glob("*.routes.json")):
-        name = routes.name[: -len(".routes.json")]
+    for name, routes, _, _, cases in route_sets(folder):
         if only and name not in only:
             continue
-        cases_path = folder / f"{name}.cases.jsonl"
-        if not cases_path.exists():
-            print(f"warning: {routes.name} has no {cases_path.name}", file=sys.stderr)
-            continue
-        spec = json.loads(routes.read_text())
-        names = {r["name"] for r in spec["routes"]}
-        cases = []
-        for n, line in enumerate(cases_path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            case = json.loads(line)
-            if case["expected"] not in names:
-                sys.exit(f"{cases_path.name}:{n}: expected route {case['expected']!r} is not in {routes.name}")
-            cases.append(case)
-        sets.append({"name": name, "routes": routes, "default": spec.get("default"), "cases": cases})
+        default = json.loads(routes.read_text(encoding="utf-8"))["default"]
+        sets.append({"name": name, "routes": routes, "default": default, "cases": cases})
     return sets
 
 
@@ -88,9 +78,12 @@ def main():
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further options for decide route")
     args = p.parse_args()
 
-    sets = load_sets(args.dir, set(args.set or []))
+    try:
+        sets = load_sets(args.dir, set(args.set or []))
+    except Fail as e:
+        sys.exit(f"route_report.py: {e}")
     if not sets:
-        sys.exit(f"no route sets in {args.dir}")
+        sys.exit(f"route_report.py: {args.dir}: no route set named {', '.join(sorted(args.set))}")
 
     results = {}  # (model, set, id) -> result
     with tempfile.TemporaryDirectory(prefix="route_report-") as tmpdir, ThreadPoolExecutor(args.jobs) as pool:

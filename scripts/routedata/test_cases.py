@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tests of cases.py (route sets as training cases) on route sets written in a temporary folder."""
+"""Tests of cases.py (route sets as training cases) and of the route report's reading of the same sets, on route sets
+written in a temporary folder."""
 import json
 import subprocess
 import sys
@@ -123,6 +124,17 @@ class Cases(unittest.TestCase):
         done, _ = self.run_script()
         self.assertEqual(done.returncode, 2)
         self.assertIn("dev.routes.json: no dev.cases.jsonl beside it", done.stderr)
+
+    def test_the_route_report_reads_route_sets_as_training_does(self):
+        # A kind training would refuse fails the report too, as one line, before any decision runs.
+        self.write("dev", ROUTES, [case("d1", "code", "fix my python import error please", kind="rant")])
+        report = SCRIPT.parent.parent / "route_report.py"
+        done = subprocess.run([sys.executable, str(report), "--dir", str(self.train), "--decide", "/nonexistent",
+                               "bm25"], capture_output=True, text=True)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertEqual(done.stderr.strip().splitlines(), [
+            f"route_report.py: {self.train / 'dev.cases.jsonl'}:1: kind: 'rant' is not one of "
+            "single, greeting, chit-chat, near-miss, follow-up, non-english"])
 
 
 if __name__ == "__main__":
