@@ -3,12 +3,15 @@
 calibration or choice of recipe reads (crates/decide-eval/data/registry/), models side by side.
 
     python3 scripts/tooldata/registry_report.py [--decide target/release/decide] [--data DIR]
+                                                [--part CASES.jsonl CATALOGUE.json ...]
                                                 [--irrelevance FILE.jsonl] [--json OUT.json] MODEL [MODEL ...]
 
 MODEL is anything `decide --model` takes (`bm25`, `all-MiniLM-L6-v2`, `decide-tools-minilm`, a folder); a
 `MODEL@OPTIONS` form passes extra `decide eval` options, e.g. `decide-tools-minilm@--target-recall=0.9`.
 For each model, every `X.report.jsonl` of the folder is run against its `X.catalogue.json` with
-`decide eval --cases-out`, and the cases are pooled:
+`decide eval --cases-out`, and the cases are pooled. `--part` (repeatable) names the parts instead, each a cases
+file with its catalogue: the fold a recipe is chosen on, or its reworded copy
+(`--part scripts/tooldata/written/registry-m.reworded.jsonl scripts/tooldata/written/registry-m.catalogue.json`).
 
 * ranking, over the cases needing a tool: top-1 (cases needing exactly one), recall@5, recall@10, MRR;
 * what the default rule passes on (as `decide select` would): the share of needed tools passed and tools
@@ -140,12 +143,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decide", default="target/release/decide")
     parser.add_argument("--data", default="crates/decide-eval/data/registry")
+    parser.add_argument("--part", nargs=2, action="append", default=[], metavar=("CASES.jsonl", "CATALOGUE.json"))
     parser.add_argument("--irrelevance", metavar="FILE.jsonl")
     parser.add_argument("--json")
     parser.add_argument("models", nargs="+")
     args = parser.parse_args()
     parts = []
-    for report in sorted(glob.glob(os.path.join(args.data, "*.report.jsonl"))):
+    for cases, catalogue in args.part:
+        for path in (cases, catalogue):
+            if not os.path.exists(path):
+                fail(f"--part: {path}: no such file")
+        name = os.path.basename(cases).removesuffix(".jsonl")
+        if any(name == p[0] for p in parts):
+            fail(f"--part: {cases}: a second part named {name}")
+        parts.append((name, cases, catalogue))
+    for report in [] if parts else sorted(glob.glob(os.path.join(args.data, "*.report.jsonl"))):
         name = os.path.basename(report)[: -len(".report.jsonl")]
         catalogue = os.path.join(args.data, f"{name}.catalogue.json")
         if not os.path.exists(catalogue):
