@@ -12,13 +12,12 @@ descriptions, averaged over the cases. Every error is one line naming the file a
 Standard library only.
 """
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prepare import Fail, json_objects  # noqa: E402
+from prepare import Fail, Inputs  # noqa: E402
 
 KINDS = ("single", "multi", "follow-up", "near-miss")
 
@@ -37,25 +36,14 @@ def overlap(text, tool_words):
     return len(said & tool_words) / max(1, len(said))
 
 
-def read(path):
-    try:
-        return json_objects(Path(path).read_text(encoding="utf-8"), lambda n: f"{path}:{n}")
-    except OSError as e:
-        raise Fail(f"{path}: {e.strerror}") from None
-
-
 def check(original_path, reworded_path, catalogue_path):
     """(reworded cases, mean overlap of the originals, mean overlap of the rewordings)."""
-    originals = {case.get("id"): case for _, case in read(original_path)}
-    try:
-        catalogue = json.loads(Path(catalogue_path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise Fail(f"{catalogue_path}: {getattr(e, 'strerror', None) or e}") from None
-    tools = catalogue["tools"] if isinstance(catalogue, dict) else catalogue
-    text = {t["name"]: f"{t['name']} {t.get('description') or ''}" for t in tools}
+    inputs = Inputs()
+    originals = {case["id"]: case for case in inputs.cases(original_path, "original")}
+    text = {t["name"]: f"{t['name']} {t['description']}" for t in inputs.catalogue(catalogue_path, "catalogue")}
     seen, before, after = set(), [], []
-    for n, case in read(reworded_path):
-        where = f"{reworded_path}:{n}"
+    for case in inputs.cases(reworded_path, "reworded"):
+        where = f"{reworded_path}:{case['_line']}"
         cid = case.get("id")
         if not isinstance(cid, str) or not cid.endswith("-r") or cid[:-2] not in originals:
             raise Fail(f"{where}: id: {cid!r} is not an id of {original_path} followed by '-r'")
@@ -68,6 +56,8 @@ def check(original_path, reworded_path, catalogue_path):
                 raise Fail(f"{where}: {field}: not the original's")
         messages, was = case.get("messages"), original["messages"]
         i = last_user(was)
+        if i is None:
+            raise Fail(f"{original_path}:{original['_line']}: messages: no user message to reword")
         if not isinstance(messages, list) or len(messages) != len(was) or last_user(messages) != i:
             raise Fail(f"{where}: messages: not the original's messages")
         if messages[:i] != was[:i] or messages[i + 1:] != was[i + 1:]:
