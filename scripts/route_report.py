@@ -37,11 +37,10 @@ KIND_ORDER = ["single", "greeting", "chit-chat", "near-miss", "follow-up", "non-
 def load_sets(folder, only):
     """The route sets of `folder` (all of them validated, as training reads them), those named in `only` if any."""
     sets = []
-    for name, routes, _, _, cases in route_sets(folder):
-        if only and name not in only:
-            continue
-        default = json.loads(routes.read_text(encoding="utf-8"))["default"]
-        sets.append({"name": name, "routes": routes, "default": default, "cases": cases})
+    for route_set in route_sets(folder):
+        if not only or route_set.name in only:
+            sets.append({"name": route_set.name, "routes": route_set.routes_path, "default": route_set.default,
+                         "cases": route_set.cases})
     return sets
 
 

@@ -25,6 +25,7 @@ import argparse
 import json
 import re
 import sys
+from collections import namedtuple
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tooldata"))
@@ -88,8 +89,12 @@ def read_case(path, n, case, routes):
     return case
 
 
+# A route set as read: `options` are the router's (option name, description, route name).
+RouteSet = namedtuple("RouteSet", "name routes_path default options cases_path cases")
+
+
 def route_sets(folder):
-    """[(name, routes path, options, cases path, cases)] of every set in `folder`, sorted by name."""
+    """[RouteSet] of every set in `folder`, sorted by name."""
     sets = []
     for routes_path in sorted(Path(folder).glob("*.routes.json")):
         name = routes_path.name[: -len(".routes.json")]
@@ -106,7 +111,7 @@ def route_sets(folder):
         cases = [read_case(cases_path, n, case, routes) for n, case in objects]
         if not cases:
             raise Fail(f"{cases_path}: no cases")
-        sets.append((name, routes_path, opts, cases_path, cases))
+        sets.append(RouteSet(name, routes_path, spec["default"], opts, cases_path, cases))
     if not sets:
         raise Fail(f"{folder}: no *.routes.json")
     return sets
@@ -115,8 +120,9 @@ def route_sets(folder):
 def unseen_messages(folders):
     seen = {}
     for folder in folders:
-        for _, _, _, cases_path, cases in route_sets(folder):
-            for case in cases:
+        for route_set in route_sets(folder):
+            cases_path = route_set.cases_path
+            for case in route_set.cases:
                 for text in user_texts(case["messages"]):
                     key = normal(text)
                     if len(key.split()) >= 3:
@@ -127,7 +133,7 @@ def unseen_messages(folders):
 def training_cases(folder, unseen):
     out, ids = [], set()
     sets = route_sets(folder)
-    for _, _, opts, cases_path, cases in sets:
+    for _, _, _, opts, cases_path, cases in sets:
         tools = [{"name": option, "description": text} for option, text, _ in opts]
         for n, case in enumerate(cases, 1):
             if case["id"] in ids:
