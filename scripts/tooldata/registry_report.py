@@ -139,6 +139,34 @@ def irrelevance(decide, spec, path):
     return run(decide, model, options, "--data", path)["no_tool_none_selected"]
 
 
+def named_parts(pairs):
+    """[(name, cases, catalogue)] of the `--part` pairs, each named after its cases file."""
+    parts = []
+    for cases, catalogue in pairs:
+        for path in (cases, catalogue):
+            if not os.path.exists(path):
+                fail(f"--part: {path}: no such file")
+        name = os.path.basename(cases).removesuffix(".jsonl")
+        if any(name == p[0] for p in parts):
+            fail(f"--part: {cases}: a second part named {name}")
+        parts.append((name, cases, catalogue))
+    return parts
+
+
+def folder_parts(folder):
+    """[(name, cases, catalogue)] of every `X.report.jsonl` of `folder` with its `X.catalogue.json`."""
+    parts = []
+    for report in sorted(glob.glob(os.path.join(folder, "*.report.jsonl"))):
+        name = os.path.basename(report)[: -len(".report.jsonl")]
+        catalogue = os.path.join(folder, f"{name}.catalogue.json")
+        if not os.path.exists(catalogue):
+            fail(f"{report}: no {catalogue} beside it")
+        parts.append((name, report, catalogue))
+    if not parts:
+        fail(f"{folder}: no *.report.jsonl")
+    return parts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decide", default="target/release/decide")
@@ -148,23 +176,7 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("models", nargs="+")
     args = parser.parse_args()
-    parts = []
-    for cases, catalogue in args.part:
-        for path in (cases, catalogue):
-            if not os.path.exists(path):
-                fail(f"--part: {path}: no such file")
-        name = os.path.basename(cases).removesuffix(".jsonl")
-        if any(name == p[0] for p in parts):
-            fail(f"--part: {cases}: a second part named {name}")
-        parts.append((name, cases, catalogue))
-    for report in [] if parts else sorted(glob.glob(os.path.join(args.data, "*.report.jsonl"))):
-        name = os.path.basename(report)[: -len(".report.jsonl")]
-        catalogue = os.path.join(args.data, f"{name}.catalogue.json")
-        if not os.path.exists(catalogue):
-            fail(f"{report}: no {catalogue} beside it")
-        parts.append((name, report, catalogue))
-    if not parts:
-        fail(f"{args.data}: no *.report.jsonl")
+    parts = named_parts(args.part) if args.part else folder_parts(args.data)
     results = {m: measure(args.decide, m, parts) for m in args.models}
     for m in args.models:
         results[m]["irrelevance_clean"] = irrelevance(args.decide, m, args.irrelevance) if args.irrelevance else None
