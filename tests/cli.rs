@@ -1653,7 +1653,7 @@ fn bench_refuses_bad_grids() {
     assert_one_line_error(&o, "longer than the model's 256 tokens");
     let o = decide(&["bench", "--kernels", "amx"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("expected auto, avx2, avx-vnni, portable or stock"));
+    assert!(stderr(&o).contains("expected auto, avx512, avx2, avx-vnni, portable or stock"));
     let o = decide(&["bench", "--precision", "f16"]);
     assert_one_line_error(&o, "f16 is not available on the cpu");
 }

@@ -49,8 +49,9 @@ pub struct Global {
     #[arg(long, global = true, value_name = "K", default_value_t = decide_engine::DEFAULT_TOP_K)]
     pub rerank_top: usize,
     /// Which code runs the encoder on the CPU: auto (fused kernels at the widest instruction set
-    /// detected), avx2, avx-vnni (avx2 with int8 products on AVX-VNNI), portable, or stock
-    /// (candle's own ops, the f32 reference).
+    /// detected, int8 products on AMX tiles where the CPU has them), avx512 (the int8 products
+    /// on VNNI, not AMX), avx2, avx-vnni (avx2 with int8 products on AVX-VNNI), portable, or
+    /// stock (candle's own ops, the f32 reference).
     #[arg(long, global = true, default_value = "auto", value_parser = parse_kernels)]
     pub kernels: decide_engine::CpuKernels,
 }

@@ -15,10 +15,11 @@ use serde_json::Value;
 
 /// The fused choices to test: the detected level and the forced-down ones.
 const FUSED: [CpuKernels; 3] = [CpuKernels::Auto, CpuKernels::Avx2, CpuKernels::Portable];
-/// The levels of the int8 products: `AvxVnni` differs from `Avx2` only there (on a CPU without
-/// AVX-VNNI it is `Avx2` again).
-const INT8: [CpuKernels; 4] = [
+/// The levels of the int8 products: `Avx512` differs from `Auto` only on a CPU with AMX, and
+/// `AvxVnni` from `Avx2` only on one with AVX-VNNI.
+const INT8: [CpuKernels; 5] = [
     CpuKernels::Auto,
+    CpuKernels::Avx512,
     CpuKernels::AvxVnni,
     CpuKernels::Avx2,
     CpuKernels::Portable,
@@ -290,6 +291,16 @@ fn int8_minilm_embeddings_stay_close_to_f32_and_batches_change_nothing() {
         // Measured: 0.9992 at the lowest, 4e-4 from f32 on average, with the layers smoothed and
         // quantized in groups of 128 inputs (0.9962 and 1.4e-3 with one scale a row).
         embeddings_close(&int8, &name, &refs, &want, 0.998);
+    }
+    // On AMX the tiles sum the same integers as VNNI and dequantize them in the same order: the
+    // same embeddings to the bit.
+    let tiles = load_in("all-MiniLM-L6-v2", CpuKernels::Auto, Precision::Int8);
+    if bench::kernels(&tiles).ends_with("-int8-amx") {
+        let vnni = load_in("all-MiniLM-L6-v2", CpuKernels::Avx512, Precision::Int8);
+        assert!(bench::kernels(&vnni).ends_with("-int8-avx512vnni"));
+        assert_eq!(tiles.embed(&refs).unwrap(), vnni.embed(&refs).unwrap());
+    } else {
+        eprintln!("int8 on AMX tiles against VNNI: skipped, this CPU has no AMX");
     }
     // The stock kernels have no int8 path: an error, not a silent f32 model.
     let built = Engine::builder()

@@ -1,4 +1,5 @@
-//! bf16 matrix products on Intel AMX tiles: the linear layers of `--dtype bf16`.
+//! Matrix products on Intel AMX tiles: the linear layers of `--dtype bf16`, and the integer
+//! sums of `--dtype int8` where the CPU has AMX.
 //!
 //! Sapphire Rapids and later Xeons multiply bf16 matrices in AMX tiles (`tdpbf16ps`: a 16×32
 //! bf16 tile times a 32×16 one, accumulated into 16×16 f32) at several times the f32 FMA
@@ -20,6 +21,11 @@
 //!   added to the bias (and residual) into the output rows, and the row block's task hands its
 //!   rows to the layer's epilogue (GELU, LayerNorm) while they are in its core's cache, exactly
 //!   as the int8 path does ([`RowHooks`]).
+//! * **int8** ([`int8_block`]): `tdpbusd` multiplies a 16×64 `u8` tile by a 64×16 `i8` one into
+//!   16×16 exact i32 sums, the same integers as `vpdpbusd`. The int8 path's weights are already
+//!   packed as its B tiles read them, so [`super::quant`] runs the same quantization, sums and
+//!   dequantization with the tiles in place of the VNNI register kernel, and gives the same
+//!   floats to the bit.
 //!
 //! Accuracy: each product of two bf16 values is exact in f32 and the sums are f32, so the only
 //! error is the rounding of the inputs to 8-bit mantissas (relative 2^-9 each): about 2e-3 of a
@@ -47,13 +53,15 @@
 //! * **Tile memory.** Every tile load reads 16 lines of 64 bytes: A tiles at
 //!   `rows[r0 .. r0 + 16]`, `k` block `b`, of the packed activation rows (`kp / 32` lines a row,
 //!   rows padded to a multiple of 32), B tiles inside the packed weight panel; accumulators are
-//!   stored into a 32 × 32 f32 scratch block. [`block`] asserts the extents of the activation
-//!   rows and the weight panel before entering the assembly, so that no load reaches past them.
+//!   stored into a 32 × 32 f32 (or i32) scratch block. [`block`] and [`int8_block`] assert the
+//!   extents of the activation rows and the weight panel before entering the assembly, so that
+//!   no load reaches past them.
 //!   The assembly touches no memory but those, no stack, and the registers it names.
 //! * Everything else (packing, adding into the output, parallel tasks) is safe Rust on slices;
 //!   tasks write disjoint output rows through `par_chunks_mut`.
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
@@ -257,8 +265,9 @@ const TILE_CONFIG: TileConfig = {
     TileConfig(c)
 };
 
-/// Loads [`TILE_CONFIG`] on this thread.
-fn configure(_: Amx) {
+/// Loads [`TILE_CONFIG`] on this thread: every task that runs tile instructions calls it first,
+/// on the thread that runs it.
+pub(crate) fn configure(_: Amx) {
     // SAFETY: an `Amx` exists only where detection and the permission request succeeded (see
     // the module's invariants); `ldtilecfg` reads the 64 bytes of a valid palette-1
     // configuration.
@@ -360,6 +369,117 @@ fn block(_: Amx, a: &[Line], lines: usize, r0: usize, mr: usize, panel: &[Line],
     }
 }
 
+/// Inputs of one int8 tile step: 64 `u8` fill an A-tile row, and a B tile holds 16 lines of
+/// four inputs of 16 columns.
+pub(crate) const TK_INT8: usize = 64;
+
+/// i32 sums of one int8 register block, 32 rows × 32 columns, row-major.
+pub(crate) type Int8Block = [[i32; PANEL]; MB];
+
+/// `c = Σ_k a · panel` over inputs `k0 .. k0 + len` (`len` a positive multiple of
+/// [`TK_INT8`]), for `mr` rows (at most [`MB`]) from `r0` of the `u8` rows `a` (`stride` bytes
+/// apart): `tdpbusd`, exact i32 sums, into four accumulator tiles (two when `mr <= 16`).
+///
+/// `panel` is one panel of the int8 kernels' weights (`i8`, for each four inputs 32 columns
+/// × 4 bytes, see [`super::quant`]): the 16 columns of a B tile are then 16 lines of 64 bytes
+/// 128 bytes apart, which is the layout `tdpbusd` reads, so the VNNI kernels' packing serves
+/// the tiles unchanged. Rows of `a` past `mr` are read (up to the next 16 or 32) and their
+/// sums dropped, so the caller pads `a` with whole rows. The tiles must have been configured
+/// on this thread ([`configure`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn int8_block(
+    _: Amx,
+    a: &[u8],
+    stride: usize,
+    r0: usize,
+    mr: usize,
+    panel: &[i8],
+    k0: usize,
+    len: usize,
+    c: &mut Int8Block,
+) {
+    // Every load below: A rows r0 .. r0 + (16 or 32), bytes k0 .. k0 + len of each; B bytes
+    // k0·32 .. (k0 + len)·32 of the panel (each four inputs take 4 · 32 bytes).
+    let tiles = if mr > TM { 2 } else { 1 };
+    assert!(len > 0 && len.is_multiple_of(TK_INT8) && k0 + len <= stride);
+    assert!((r0 + tiles * TM - 1) * stride + k0 + len <= a.len());
+    assert!((k0 + len) * PANEL <= panel.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let steps = len / TK_INT8;
+        let a = a[r0 * stride + k0..].as_ptr();
+        let b = panel[k0 * PANEL..].as_ptr();
+        let c = c.as_mut_ptr() as *mut i32;
+        // SAFETY: the extents were asserted above (the last A tile's last line ends at
+        // (r0 + 16·tiles - 1)·stride + k0 + len; step s's B tiles are the 2,048 bytes from
+        // (k0 + 64s)·32), `c` is 32 rows of 128 bytes (tiles stored at row 0 or 16, byte 0 or
+        // 64), the tiles were configured by the caller, and an `Amx` exists only where tiles
+        // may run. The loop count `steps` is at least 1.
+        unsafe {
+            if tiles == 2 {
+                std::arch::asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    "2:",
+                    "tileloadd tmm4, [{a} + {sa}*1]",
+                    "tileloadd tmm6, [{b} + {sb}*1]",
+                    "tileloadd tmm7, [{b} + {sb}*1 + 64]",
+                    "tdpbusd tmm0, tmm4, tmm6",
+                    "tileloadd tmm5, [{a2} + {sa}*1]",
+                    "tdpbusd tmm1, tmm4, tmm7",
+                    "tdpbusd tmm2, tmm5, tmm6",
+                    "tdpbusd tmm3, tmm5, tmm7",
+                    "add {a}, 64",
+                    "add {a2}, 64",
+                    "add {b}, 2048",
+                    "dec {n}",
+                    "jnz 2b",
+                    "tilestored [{c} + {sc}*1], tmm0",
+                    "tilestored [{c} + {sc}*1 + 64], tmm1",
+                    "tilestored [{c} + {sc}*1 + 2048], tmm2",
+                    "tilestored [{c} + {sc}*1 + 2112], tmm3",
+                    a = inout(reg) a => _,
+                    a2 = inout(reg) a.add(TM * stride) => _,
+                    b = inout(reg) b => _,
+                    n = inout(reg) steps => _,
+                    sa = in(reg) stride,
+                    sb = in(reg) 4 * PANEL,
+                    sc = in(reg) PANEL * 4,
+                    c = in(reg) c,
+                    options(nostack),
+                );
+            } else {
+                std::arch::asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "2:",
+                    "tileloadd tmm4, [{a} + {sa}*1]",
+                    "tileloadd tmm6, [{b} + {sb}*1]",
+                    "tileloadd tmm7, [{b} + {sb}*1 + 64]",
+                    "tdpbusd tmm0, tmm4, tmm6",
+                    "tdpbusd tmm1, tmm4, tmm7",
+                    "add {a}, 64",
+                    "add {b}, 2048",
+                    "dec {n}",
+                    "jnz 2b",
+                    "tilestored [{c} + {sc}*1], tmm0",
+                    "tilestored [{c} + {sc}*1 + 64], tmm1",
+                    a = inout(reg) a => _,
+                    b = inout(reg) b => _,
+                    n = inout(reg) steps => _,
+                    sa = in(reg) stride,
+                    sb = in(reg) 4 * PANEL,
+                    sc = in(reg) PANEL * 4,
+                    c = in(reg) c,
+                    options(nostack),
+                );
+            }
+        }
+    }
+}
+
 /// Rounds the rows of `x` (`k` wide) into `a`: `kp / 32` lines a row, rows padded with zero
 /// rows to a multiple of [`MB`].
 fn pack_rows(amx: Amx, x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
@@ -398,7 +518,8 @@ fn pack_rows_generic(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
     }
 }
 
-/// `out[r][..width] = c[r][..width] + bias (+ residual[r])` for `mr` rows of `n` columns.
+/// `out[r][..width] = c[r][..width] + bias (+ residual[r])` for `mr` rows of `n` columns:
+/// every one of those values written, none read, so the output needs no zeroing first.
 #[inline(always)]
 fn store_generic(
     c: &Block,
@@ -406,7 +527,7 @@ fn store_generic(
     width: usize,
     bias: &[f32],
     res: Option<&[f32]>,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
     n: usize,
 ) {
     for (r, c) in c.iter().enumerate().take(mr) {
@@ -415,12 +536,12 @@ fn store_generic(
             Some(res) => {
                 let res = &res[r * n..r * n + width];
                 for (((o, c), b), x) in o.iter_mut().zip(c).zip(bias).zip(res) {
-                    *o = c + b + x;
+                    o.write(c + b + x);
                 }
             }
             None => {
                 for ((o, c), b) in o.iter_mut().zip(c).zip(bias) {
-                    *o = c + b;
+                    o.write(c + b);
                 }
             }
         }
@@ -429,6 +550,8 @@ fn store_generic(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use std::mem::MaybeUninit;
+
     use super::Line;
 
     /// [`super::pack_rows_generic`] compiled for AVX-512, where the rounding vectorizes.
@@ -451,14 +574,14 @@ mod x86 {
         w: &super::Bf16Matrix,
         bias: &[f32],
         residual: Option<&[f32]>,
-        out: &mut [f32],
+        out: &mut [MaybeUninit<f32>],
     ) {
         super::products_generic(amx, a, w, bias, residual, out)
     }
 }
 
-/// `bias (+ residual) + a · W` into `out` (`rows × n`), for the packed rows `a`; the tiles
-/// must have been configured on this thread.
+/// `bias (+ residual) + a · W` into `out` (`rows × n`), for the packed rows `a`, writing
+/// every value of `out`; the tiles must have been configured on this thread.
 #[inline(always)]
 fn products_generic(
     amx: Amx,
@@ -466,7 +589,7 @@ fn products_generic(
     w: &Bf16Matrix,
     bias: &[f32],
     residual: Option<&[f32]>,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     let n = w.n;
     let rows = out.len() / n;
@@ -493,14 +616,14 @@ thread_local! {
 }
 
 /// `bias (+ residual) + x · W` for the rows of `x` (`rows × k`) into `out` (`rows × n`), on
-/// the calling thread.
+/// the calling thread, writing every value of `out`.
 fn rows_task(
     amx: Amx,
     x: &[f32],
     w: &Bf16Matrix,
     bias: &[f32],
     residual: Option<&[f32]>,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     ROWS.with_borrow_mut(|a| {
         pack_rows(amx, x, w.k, w.kp, a);
@@ -529,7 +652,7 @@ where
 {
     let (k, n) = (w.k, w.n);
     let m = hooks.rows(x, k, n);
-    let mut out = vec![0f32; m * n];
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
     if m == 0 || n == 0 {
         return out;
     }
@@ -537,7 +660,8 @@ where
     // bf16 rows, 384 KiB at k = 1,536, stay in L2).
     let threads = rayon::current_num_threads().max(1);
     let rows_per_task = (m.div_ceil(4 * threads).div_ceil(MB) * MB).clamp(MB, 128);
-    out.par_chunks_mut(rows_per_task * n)
+    out.spare_capacity_mut()[..m * n]
+        .par_chunks_mut(rows_per_task * n)
         .enumerate()
         .for_each(|(t, out)| {
             let first = t * rows_per_task;
@@ -551,8 +675,16 @@ where
                 residual,
                 out,
             );
+            // SAFETY: `rows_task` wrote every value of this task's rows (each panel's block
+            // stores all of its rows and its columns within `n`, and the panels cover `n`), and
+            // `MaybeUninit<f32>` has the layout of `f32`.
+            let out: &mut [f32] = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
             (hooks.finish)(out);
         });
+    // SAFETY: the tasks' rows cover all `m · n` values (the chunks of the first `m · n` of the
+    // spare capacity), and each task wrote all of its own; a task that panicked would have
+    // ended this call before this line.
+    unsafe { out.set_len(m * n) };
     out
 }
 

@@ -134,6 +134,10 @@ pub enum CpuKernels {
     /// baseline): the default.
     #[default]
     Auto,
+    /// The fused kernels at most at AVX-512, with the int8 products in registers (VNNI), not
+    /// on AMX tiles: what a CPU of the same vector instructions without AMX runs (Xeons before
+    /// Sapphire Rapids, AMD Zen 4 and 5). bf16, which is AMX only, still runs on the tiles.
+    Avx512,
     /// The fused kernels at most at AVX2+FMA, the int8 products included: what a CPU without
     /// AVX-512 or VNNI runs.
     Avx2,
@@ -153,13 +157,14 @@ impl FromStr for CpuKernels {
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" | "fused" => Ok(CpuKernels::Auto),
+            "avx512" | "avx-512" => Ok(CpuKernels::Avx512),
             "avx2" => Ok(CpuKernels::Avx2),
             "avx-vnni" | "avxvnni" => Ok(CpuKernels::AvxVnni),
             "portable" => Ok(CpuKernels::Portable),
             "stock" | "candle" => Ok(CpuKernels::Stock),
             _ => Err(EngineError::InvalidOption {
                 option: "kernels",
-                message: format!("'{s}': expected auto, avx2, avx-vnni, portable or stock"),
+                message: format!("'{s}': expected auto, avx512, avx2, avx-vnni, portable or stock"),
             }),
         }
     }
@@ -325,7 +330,7 @@ mod tests {
         );
         let err = "amx".parse::<CpuKernels>().unwrap_err().to_string();
         assert!(
-            err.contains("expected auto, avx2, avx-vnni, portable or stock"),
+            err.contains("expected auto, avx512, avx2, avx-vnni, portable or stock"),
             "{err}"
         );
     }

@@ -43,6 +43,7 @@ impl CpuPath {
         match kernels {
             CpuKernels::Stock => CpuPath::Stock,
             CpuKernels::Auto => CpuPath::Fused(detected.capped(IsaCap::Best), format),
+            CpuKernels::Avx512 => CpuPath::Fused(detected.capped(IsaCap::NoAmx), format),
             CpuKernels::Avx2 => CpuPath::Fused(detected.capped(IsaCap::Avx2), format),
             CpuKernels::AvxVnni => CpuPath::Fused(detected.capped(IsaCap::AvxVnni), format),
             CpuKernels::Portable => CpuPath::Fused(detected.capped(IsaCap::Portable), format),

@@ -69,6 +69,8 @@ pub(crate) struct Isa(Level, QuantIsa);
 pub(crate) enum IsaCap {
     /// No cap.
     Best,
+    /// The int8 products in registers, not on AMX tiles.
+    NoAmx,
     /// At most AVX2+FMA, the int8 products included.
     Avx2,
     /// At most AVX2+FMA, with the int8 products on AVX-VNNI where the CPU has it: what a
@@ -108,6 +110,7 @@ impl Isa {
     pub(crate) fn capped(self, cap: IsaCap) -> Isa {
         match cap {
             IsaCap::Best => self,
+            IsaCap::NoAmx => Isa(self.0, self.1.without_amx()),
             IsaCap::Portable => Isa(Level::Portable, QuantIsa::portable()),
             #[cfg(target_arch = "x86_64")]
             IsaCap::Avx2 => Isa(self.0.min(Level::Avx2), self.1.at_most_avx2()),

@@ -43,6 +43,8 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::amx::{self, Amx};
+
 /// Output columns of one packed weight panel: two AVX-512 registers of i32 accumulators.
 const PANEL: usize = 32;
 /// Rows whose accumulators a kernel call keeps in registers.
@@ -67,9 +69,11 @@ enum Level {
     Avx512Vnni,
 }
 
-/// The instruction set the int8 kernels run with; only ever as wide as the CPU supports.
+/// The instruction set the int8 kernels run with; only ever as wide as the CPU supports. With
+/// AMX (at the AVX-512 VNNI level only), products over whole tile steps of inputs run on tiles
+/// ([`amx::int8_block`]) and give the same floats as the VNNI kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct QuantIsa(Level);
+pub(crate) struct QuantIsa(Level, Option<Amx>);
 
 impl QuantIsa {
     /// The widest level this CPU runs.
@@ -81,21 +85,27 @@ impl QuantIsa {
                 && std::arch::is_x86_feature_detected!("avx512vnni")
                 && std::arch::is_x86_feature_detected!("avx2")
             {
-                return QuantIsa(Level::Avx512Vnni);
+                return QuantIsa(Level::Avx512Vnni, Amx::detect());
             }
             if has_avx_vnni() {
-                return QuantIsa(Level::AvxVnni);
+                return QuantIsa(Level::AvxVnni, None);
             }
             if std::arch::is_x86_feature_detected!("avx2") {
-                return QuantIsa(Level::Avx2);
+                return QuantIsa(Level::Avx2, None);
             }
         }
-        QuantIsa(Level::Portable)
+        QuantIsa(Level::Portable, None)
     }
 
     /// Baseline code, valid on every CPU of the target.
     pub(crate) fn portable() -> QuantIsa {
-        QuantIsa(Level::Portable)
+        QuantIsa(Level::Portable, None)
+    }
+
+    /// This level with the products in registers, not on AMX tiles: what a CPU of the same
+    /// vector instructions without AMX runs (Xeons before Sapphire Rapids, AMD Zen 4 and 5).
+    pub(crate) fn without_amx(self) -> QuantIsa {
+        QuantIsa(self.0, None)
     }
 
     /// This level, lowered to the 256-bit AVX-VNNI kernel if it is above it and the CPU has
@@ -105,7 +115,7 @@ impl QuantIsa {
         #[cfg(target_arch = "x86_64")]
         {
             if self.0 >= Level::AvxVnni && has_avx_vnni() {
-                return QuantIsa(Level::AvxVnni);
+                return QuantIsa(Level::AvxVnni, None);
             }
         }
         self.at_most_avx2()
@@ -115,7 +125,7 @@ impl QuantIsa {
     pub(crate) fn at_most_avx2(self) -> QuantIsa {
         #[cfg(target_arch = "x86_64")]
         {
-            QuantIsa(self.0.min(Level::Avx2))
+            QuantIsa(self.0.min(Level::Avx2), None)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -138,6 +148,9 @@ impl QuantIsa {
 
     /// The level's name, for reports.
     pub(crate) fn name(self) -> &'static str {
+        if self.1.is_some() {
+            return "amx";
+        }
         match self.0 {
             Level::Portable => "portable",
             #[cfg(target_arch = "x86_64")]
@@ -462,18 +475,20 @@ fn scaled<'a>(x: &'a [f32], factors: Option<&[f32]>, buffer: &'a mut [f32; GROUP
 /// its own, after multiplying input `kk` by `input_scales[kk]` when there are any (a smoothed
 /// matrix's, see [`QuantizedMatrix::quantize_smoothed`]; a group at a time, so the scaled
 /// activations never take a buffer of their own). No group is empty: `kp - k < 4`, and groups
-/// start at multiples of four. Runs on the calling thread: each task of [`gemm_int8_rows`]
-/// quantizes its own rows, which it then reads from its core's cache.
+/// start at multiples of four. The rows' bytes are followed by zero rows up to a multiple of
+/// `whole` rows, which the AMX tiles read whole. Runs on the calling thread: each task of
+/// [`gemm_int8_rows`] quantizes its own rows, which it then reads from its core's cache.
 fn quantize_rows(
     isa: QuantIsa,
     x: &[f32],
     k: usize,
     kp: usize,
     input_scales: Option<&[f32]>,
+    whole: usize,
 ) -> QuantizedRows {
     let m = x.len() / k.max(1);
     let groups = kp.div_ceil(GROUP);
-    let mut data = vec![0u8; m * kp];
+    let mut data = vec![0u8; round_up(m, whole) * kp];
     let mut scales = vec![0f32; m * groups];
     let mut zeros = vec![0i32; m * groups];
     data.chunks_exact_mut(kp)
@@ -965,7 +980,7 @@ mod x86 {
         s: &BlockScales<'_>,
         out: &mut OutRows<'_>,
     ) {
-        let isa = super::QuantIsa(super::Level::Avx2);
+        let isa = super::QuantIsa(super::Level::Avx2, None);
         super::block_dequant_generic(isa, a, stride, rows, panel, s, out);
     }
 
@@ -1019,6 +1034,49 @@ mod x86 {
                 _mm512_storeu_ps(o0, _mm512_fnmadd_ps(za, cs0, f0));
                 _mm512_storeu_ps(o1, _mm512_fnmadd_ps(za, cs1, f1));
             }
+        }
+    }
+
+    /// Adds group `g`'s dequantized sums of `acc` (a row of sums per output row) to `out`, with
+    /// the VNNI kernel's operations in its order ([`block_dequant_vnni_rows`]), so the same
+    /// floats: the epilogue of the AMX products.
+    ///
+    /// # Safety
+    /// AVX-512F must be available. Every access is through a bounds-checked slice.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dequant_rows_avx512(
+        acc: &[[i32; PANEL]],
+        g: usize,
+        s: &BlockScales<'_>,
+        out: &mut OutRows<'_>,
+    ) {
+        let sw = &s.cols_scales[g * s.np..g * s.np + PANEL];
+        let cs = &s.cols_scaled_sums[g * s.np..g * s.np + PANEL];
+        let (sw0, sw1) = (
+            _mm512_loadu_ps(sw.as_ptr()),
+            _mm512_loadu_ps(sw[16..].as_ptr()),
+        );
+        let (cs0, cs1) = (
+            _mm512_loadu_ps(cs.as_ptr()),
+            _mm512_loadu_ps(cs[16..].as_ptr()),
+        );
+        for (r, acc) in acc.iter().enumerate() {
+            let a = s.rows_scales[r * s.groups + g];
+            let sa = _mm512_set1_ps(a);
+            let za = _mm512_set1_ps(a * s.rows_zeros[r * s.groups + g] as f32);
+            let o = out.row(r);
+            let f0 = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_loadu_epi32(acc.as_ptr())),
+                _mm512_mul_ps(sa, sw0),
+                _mm512_loadu_ps(o.as_ptr()),
+            );
+            let f1 = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_loadu_epi32(acc[16..].as_ptr())),
+                _mm512_mul_ps(sa, sw1),
+                _mm512_loadu_ps(o[16..].as_ptr()),
+            );
+            _mm512_storeu_ps(o.as_mut_ptr(), _mm512_fnmadd_ps(za, cs0, f0));
+            _mm512_storeu_ps(o[16..].as_mut_ptr(), _mm512_fnmadd_ps(za, cs1, f1));
         }
     }
 
@@ -1275,10 +1333,18 @@ where
     if m == 0 || n == 0 {
         return out;
     }
+    // The tiles take whole steps of 64 inputs; other widths (none of MiniLM's) stay on VNNI.
+    let amx = isa.1.filter(|_| w.kp.is_multiple_of(amx::TK_INT8));
     // Enough tasks for every thread, each a whole number of register blocks and no more than
-    // 64 rows, so that a task's activations stay in L2 while every panel passes by.
+    // 64 rows (128 on the tiles, whose blocks are 32), so that a task's activations stay in L2
+    // while every panel passes by.
     let threads = rayon::current_num_threads().max(1);
-    let rows_per_task = round_up(m.div_ceil(4 * threads), MR).clamp(MR, 64);
+    let (block, most) = if amx.is_some() {
+        (amx::MB, 128)
+    } else {
+        (MR, 64)
+    };
+    let rows_per_task = round_up(m.div_ceil(4 * threads), block).clamp(block, most);
     out.spare_capacity_mut()[..m * n]
         .par_chunks_mut(rows_per_task * n)
         .enumerate()
@@ -1292,45 +1358,10 @@ where
             // `MaybeUninit<f32>` has the layout of `f32`.
             let out: &mut [f32] = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
             let mine = &x[first * k..(first + rows) * k];
-            let a = quantize_rows(isa, mine, k, w.kp, w.input_scales.as_deref());
-            for p in 0..w.np / PANEL {
-                let panel = w.panel(p);
-                for r0 in (0..rows).step_by(MR) {
-                    let mr = MR.min(rows - r0);
-                    let scales = BlockScales {
-                        groups: w.groups,
-                        rows_scales: &a.scales[r0 * a.groups..(r0 + mr) * a.groups],
-                        rows_zeros: &a.zeros[r0 * a.groups..(r0 + mr) * a.groups],
-                        np: w.np,
-                        cols_scales: &w.scales[p * PANEL..],
-                        cols_sums: &w.col_sums[p * PANEL..],
-                        cols_scaled_sums: &w.scaled_sums[p * PANEL..],
-                    };
-                    let src = &a.data[r0 * a.kp..(r0 + mr) * a.kp];
-                    let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
-                    if width == PANEL {
-                        let mut o = OutRows {
-                            data: &mut out[r0 * n + j0..],
-                            stride: n,
-                        };
-                        block_dequant(isa, src, a.kp, mr, panel, &scales, &mut o);
-                        continue;
-                    }
-                    // The last panel reaches past the output's columns: its sums go through a
-                    // block of their own.
-                    let mut f = [0f32; PANEL * MR];
-                    let mut o = OutRows {
-                        data: &mut f,
-                        stride: PANEL,
-                    };
-                    block_dequant(isa, src, a.kp, mr, panel, &scales, &mut o);
-                    for (r, f) in f.chunks_exact(PANEL).enumerate().take(mr) {
-                        let o = &mut out[(r0 + r) * n + j0..(r0 + r) * n + j0 + width];
-                        for (o, f) in o.iter_mut().zip(f) {
-                            *o += f;
-                        }
-                    }
-                }
+            let a = quantize_rows(isa, mine, k, w.kp, w.input_scales.as_deref(), block);
+            match amx {
+                Some(amx) => products_amx(amx, &a, w, rows, out),
+                None => products_vnni(isa, &a, w, rows, out),
             }
             (hooks.finish)(out);
         });
@@ -1339,6 +1370,112 @@ where
     // ended this call before this line.
     unsafe { out.set_len(m * n) };
     out
+}
+
+/// The scales of the register block of rows `r0 .. r0 + mr` and panel `p`.
+fn block_scales<'a>(
+    a: &'a QuantizedRows,
+    w: &'a QuantizedMatrix,
+    r0: usize,
+    mr: usize,
+    p: usize,
+) -> BlockScales<'a> {
+    BlockScales {
+        groups: w.groups,
+        rows_scales: &a.scales[r0 * a.groups..(r0 + mr) * a.groups],
+        rows_zeros: &a.zeros[r0 * a.groups..(r0 + mr) * a.groups],
+        np: w.np,
+        cols_scales: &w.scales[p * PANEL..],
+        cols_sums: &w.col_sums[p * PANEL..],
+        cols_scaled_sums: &w.scaled_sums[p * PANEL..],
+    }
+}
+
+/// Adds `f` (`rows` rows of [`PANEL`] sums) to the first `width` columns of `rows` rows of
+/// `out`, `n` apart: the last panel, which reaches past the output's columns.
+fn add_partial(f: &[f32], rows: usize, width: usize, out: &mut [f32], n: usize) {
+    for (r, f) in f.chunks_exact(PANEL).enumerate().take(rows) {
+        for (o, f) in out[r * n..r * n + width].iter_mut().zip(f) {
+            *o += f;
+        }
+    }
+}
+
+/// Adds the dequantized products of the quantized rows `a` (`rows` of them) and every panel
+/// of `w` to `out`, in the register kernels of `isa`'s level.
+fn products_vnni(
+    isa: QuantIsa,
+    a: &QuantizedRows,
+    w: &QuantizedMatrix,
+    rows: usize,
+    out: &mut [f32],
+) {
+    let n = w.n;
+    for p in 0..w.np / PANEL {
+        let panel = w.panel(p);
+        for r0 in (0..rows).step_by(MR) {
+            let mr = MR.min(rows - r0);
+            let scales = block_scales(a, w, r0, mr, p);
+            let src = &a.data[r0 * a.kp..(r0 + mr) * a.kp];
+            let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
+            if width == PANEL {
+                let mut o = OutRows {
+                    data: &mut out[r0 * n + j0..],
+                    stride: n,
+                };
+                block_dequant(isa, src, a.kp, mr, panel, &scales, &mut o);
+                continue;
+            }
+            let mut f = [0f32; PANEL * MR];
+            let mut o = OutRows {
+                data: &mut f,
+                stride: PANEL,
+            };
+            block_dequant(isa, src, a.kp, mr, panel, &scales, &mut o);
+            add_partial(&f, mr, width, &mut out[r0 * n + j0..], n);
+        }
+    }
+}
+
+/// [`products_vnni`] with the integer sums on AMX tiles, 32 rows at a time, and each group
+/// dequantized by the VNNI kernel's operations in its order: the same floats. `a` holds whole
+/// blocks of 32 rows ([`quantize_rows`]) and `w.kp` whole tile steps.
+fn products_amx(amx: Amx, a: &QuantizedRows, w: &QuantizedMatrix, rows: usize, out: &mut [f32]) {
+    let n = w.n;
+    let mut acc: amx::Int8Block = [[0; PANEL]; amx::MB];
+    amx::configure(amx);
+    for r0 in (0..rows).step_by(amx::MB) {
+        let mr = amx::MB.min(rows - r0);
+        for p in 0..w.np / PANEL {
+            let panel = w.panel(p);
+            let scales = block_scales(a, w, r0, mr, p);
+            let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
+            let mut f = [0f32; PANEL * amx::MB];
+            let mut o = if width == PANEL {
+                OutRows {
+                    data: &mut out[r0 * n + j0..],
+                    stride: n,
+                }
+            } else {
+                OutRows {
+                    data: &mut f,
+                    stride: PANEL,
+                }
+            };
+            for g in 0..w.groups {
+                let (k0, len) = (g * GROUP, GROUP.min(w.kp - g * GROUP));
+                amx::int8_block(amx, &a.data, a.kp, r0, mr, panel, k0, len, &mut acc);
+                // SAFETY: an `Amx` exists only where detection found AVX-512F.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    x86::dequant_rows_avx512(&acc[..mr], g, &scales, &mut o)
+                };
+            }
+            if width < PANEL {
+                add_partial(&f, mr, width, &mut out[r0 * n + j0..], n);
+            }
+        }
+    }
 }
 
 /// `dst (m × n) += x (m × k) · W`, with `x` quantized per row here and `W` quantized at load.
@@ -1363,6 +1500,7 @@ mod tests {
         let best = QuantIsa::detect();
         let mut out = vec![best];
         for isa in [
+            best.without_amx(),
             best.at_most_avx_vnni(),
             best.at_most_avx2(),
             QuantIsa::portable(),
@@ -1391,6 +1529,65 @@ mod tests {
                 u * scale
             })
             .collect()
+    }
+
+    /// On AMX the tiles give the VNNI kernel's floats to the bit: the same integer sums, and the
+    /// same dequantization in the same order. The shapes: MiniLM's widths; rows on both sides
+    /// of the 16- and 32-row tile blocks and of a task's rows; a last panel past the outputs;
+    /// inputs whose last group is one tile step (320 = 2 · 128 + 64); and a width the tiles
+    /// leave to the VNNI kernel (100 inputs).
+    #[test]
+    fn amx_products_are_the_vnni_products_to_the_bit() {
+        let best = QuantIsa::detect();
+        if best.1.is_none() {
+            eprintln!(
+                "amx_products_are_the_vnni_products_to_the_bit: skipped, this CPU has no AMX \
+                 (or the OS refused the tiles)"
+            );
+            return;
+        }
+        assert_eq!(best.name(), "amx");
+        let shapes = [
+            (1, 384, 1152),
+            (16, 384, 384),
+            (17, 384, 1536),
+            (33, 1536, 384),
+            (200, 384, 100),
+            (70, 320, 65),
+            (5, 100, 40),
+            (129, 64, 33),
+        ];
+        for (s, &(m, k, n)) in shapes.iter().enumerate() {
+            let s = s as u64;
+            let w_t = values(s + 7, k * n, 0.2);
+            let factors: Vec<f32> = values(s + 8, k, 1.0)
+                .iter()
+                .map(|v| 1.0 + v.abs())
+                .collect();
+            let x = values(s + 9, m * k, 3.0);
+            let bias = values(s + 10, n, 1.0);
+            let residual = values(s + 11, m * n, 1.0);
+            let hooks = RowHooks {
+                bias: &bias,
+                residual: Some(&residual),
+                finish: |_: &mut [f32]| {},
+            };
+            for w in [
+                QuantizedMatrix::quantize(&w_t, k, n).unwrap(),
+                QuantizedMatrix::quantize_smoothed(&w_t, k, n, &factors).unwrap(),
+            ] {
+                let tiles = gemm_int8_rows(best, &x, &w, &hooks);
+                let registers = gemm_int8_rows(best.without_amx(), &x, &w, &hooks);
+                assert_eq!(tiles.len(), m * n);
+                for (i, (t, r)) in tiles.iter().zip(&registers).enumerate() {
+                    assert_eq!(
+                        t.to_bits(),
+                        r.to_bits(),
+                        "{m}x{k}x{n}, output {i}: {t} != {r}"
+                    );
+                }
+            }
+        }
     }
 
     /// `Σ_kk u_ik · q_kj` from the unpacked weights: the exact integers every kernel must give.
@@ -1465,7 +1662,7 @@ mod tests {
                     *v = v.abs() + 0.5;
                 }
             }
-            let a = quantize_rows(QuantIsa::portable(), &x, k, w.kp, None);
+            let a = quantize_rows(QuantIsa::portable(), &x, k, w.kp, None, 1);
             // The largest code occurs (the top of some row's range), so the products reach
             // their extreme.
             assert!(m == 1 || a.data.contains(&255));
@@ -1475,13 +1672,13 @@ mod tests {
                 .iter()
                 .map(|v| 0.25 + v.abs())
                 .collect();
-            let smoothed = quantize_rows(QuantIsa::portable(), &x, k, w.kp, Some(&factors));
+            let smoothed = quantize_rows(QuantIsa::portable(), &x, k, w.kp, Some(&factors), 1);
             for isa in levels() {
-                let again = quantize_rows(isa, &x, k, w.kp, None);
+                let again = quantize_rows(isa, &x, k, w.kp, None, 1);
                 assert_eq!(again.data, a.data, "{} {m}x{k}", isa.name());
                 assert_eq!(again.zeros, a.zeros);
                 assert_eq!(again.scales, a.scales);
-                let again = quantize_rows(isa, &x, k, w.kp, Some(&factors));
+                let again = quantize_rows(isa, &x, k, w.kp, Some(&factors), 1);
                 assert_eq!(again.data, smoothed.data, "{} {m}x{k} smoothed", isa.name());
                 assert_eq!(again.zeros, smoothed.zeros);
                 assert_eq!(again.scales, smoothed.scales);
@@ -1522,7 +1719,7 @@ mod tests {
             let mut x = values(k as u64, 3 * k, 2.0);
             x[k..2 * k].iter_mut().for_each(|v| *v = v.abs());
             for isa in levels() {
-                let a = quantize_rows(isa, &x, k, round_up(k, 4), None);
+                let a = quantize_rows(isa, &x, k, round_up(k, 4), None, 1);
                 assert_eq!(a.groups, k.div_ceil(GROUP));
                 for i in 0..3 {
                     for (kk, &v) in x[i * k..(i + 1) * k].iter().enumerate() {
@@ -1538,9 +1735,9 @@ mod tests {
         let mut x = vec![1.0f32; 40];
         x[33] = f32::NAN;
         for isa in levels() {
-            let a = quantize_rows(isa, &x, 40, 40, None);
+            let a = quantize_rows(isa, &x, 40, 40, None, 1);
             assert!(a.scales[0].is_nan(), "{}", isa.name());
-            let zeros = quantize_rows(isa, &[0.0; 8], 8, 8, None);
+            let zeros = quantize_rows(isa, &[0.0; 8], 8, 8, None, 1);
             assert_eq!((zeros.scales[0], zeros.zeros[0]), (0.0, 0));
         }
     }
