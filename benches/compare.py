@@ -14,6 +14,10 @@ decision latency (10 messages, 100 and 1000 cached tools).
 ``--onnx-python``), and a second table puts decide int8 beside decide f32 and ONNX Runtime;
 ``--no-torch`` leaves sentence-transformers out (e.g. where torch is not installed).
 
+``--amx`` (on a CPU with AMX) adds ``decide bench --dtype bf16`` and ``--dtype int8`` twice, on
+the tiles (``--kernels auto``) and on VNNI (``--kernels avx512``), and a third table puts them
+beside decide f32 and torch's f32 and bf16.
+
     HF_HUB_OFFLINE=1 .venv/bin/python benches/compare.py [--rounds 3] [--batches 1,8,32] \\
         [--tokens 64,128,256] [--catalogue TOOLS.json] [--decide target/release/decide] \\
         [--out target/compare.json]
@@ -90,6 +94,8 @@ def main() -> None:
     ap.add_argument("--no-stock", action="store_true", help="skip candle's stock ops")
     ap.add_argument("--no-torch", action="store_true", help="skip sentence-transformers")
     ap.add_argument("--int8", action="store_true", help="also decide bench --dtype int8")
+    ap.add_argument("--amx", action="store_true",
+                    help="also decide bf16 and int8 on AMX tiles and int8 on VNNI")
     ap.add_argument("--onnx", action="store_true", help="also ONNX Runtime f32 and int8")
     ap.add_argument("--onnx-python", default=sys.executable,
                     help="the Python with onnx, onnxruntime, numpy and tokenizers")
@@ -101,8 +107,10 @@ def main() -> None:
                     "(with the same --batches, --tokens and --catalogue) instead of measuring")
     args = ap.parse_args()
 
-    runs = {"fused": [], "stock": [], "peer": [], "int8": [], "onnx": []}
-    kinds = (["fused"] + (["int8"] if args.int8 else []) + ([] if args.no_torch else ["peer"])
+    runs = {"fused": [], "stock": [], "peer": [], "int8": [], "onnx": [], "bf16": [],
+            "int8-vnni": []}
+    kinds = (["fused"] + (["int8"] if args.int8 or args.amx else [])
+             + (["bf16", "int8-vnni"] if args.amx else []) + ([] if args.no_torch else ["peer"])
              + (["onnx"] if args.onnx else []) + ([] if args.no_stock else ["stock"]))
     started = time.time()
     if args.from_json:
@@ -119,6 +127,10 @@ def main() -> None:
                 runs["onnx"].append(run_onnx(args))
             elif kind == "int8":
                 runs["int8"].append(run_decide(args, "auto", decisions=True, dtype="int8"))
+            elif kind == "int8-vnni":
+                runs[kind].append(run_decide(args, "avx512", decisions=True, dtype="int8"))
+            elif kind == "bf16":
+                runs["bf16"].append(run_decide(args, "auto", decisions=True, dtype="bf16"))
             else:
                 runs[kind].append(run_decide(args, "auto" if kind == "fused" else "stock",
                                              decisions=kind == "fused"))
@@ -187,8 +199,59 @@ def main() -> None:
             print(f"| 10 messages | {tools} | {statistics.median(meds):.1f}{spread(meds)} "
                   f"| {statistics.median(p95s):.1f} |")
 
-    if runs.get("int8"):
+    if runs.get("int8") and not runs.get("bf16"):
         int8_tables(args, runs, ours, peer)
+    if runs.get("bf16"):
+        amx_tables(args, runs, ours, peer)
+
+
+def amx_tables(args, runs: dict, ours, peer) -> None:
+    """decide f32, int8 on VNNI and on AMX tiles, and bf16 on AMX beside torch f32 and bf16."""
+    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    kinds = ["fused", "int8-vnni", "int8", "bf16"]
+    names = ["decide f32", "int8 VNNI", "int8 AMX", "bf16 AMX"]
+    print()
+    print("AMX: " + ", ".join(f"{n} = {runs[k][0]['kernels']}" for k, n in zip(kinds, names))
+          + "; seq/s = median over rounds (min–max)")
+    print()
+    print("| batch | tokens | " + " | ".join(names) + " | torch f32 | torch bf16 "
+          "| bf16 / torch bf16 | int8 AMX / torch bf16 | bf16 / f32 | int8 AMX / int8 VNNI |")
+    print("|---:|---:|" + "---:|" * 10)
+
+    def row(values: list[list[float]]) -> str:
+        f, v8, a8, b16, _, t16 = values
+        cells = [f"{med(v):.1f}{spread(v)}" if v else "-" for v in values]
+        pairs = [(b16, t16), (a8, t16), (b16, f), (a8, v8)]
+        ratios = [f"{med(a) / med(b):.2f}x" if a and b else "-" for a, b in pairs]
+        return " | ".join(cells + ratios) + " |"
+
+    for tokens in map(int, args.tokens.split(",")):
+        for batch in map(int, args.batches.split(",")):
+            values = [ours(k, batch, tokens) for k in kinds]
+            values += [peer("float32", batch, tokens), peer("bfloat16", batch, tokens)]
+            print(f"| {batch} | {tokens} | " + row(values))
+    if args.catalogue:
+        def texts_per_s(kind: str) -> list[float]:
+            return [run["catalogue"]["texts_per_s"] for run in runs[kind] if run.get("catalogue")]
+
+        def peer_texts(dtype: str) -> list[float]:
+            return [r["texts_per_s"] for run in runs["peer"] for r in run
+                    if r.get("catalogue") and r["dtype"] == dtype]
+
+        values = [texts_per_s(k) for k in kinds] + [peer_texts("float32"), peer_texts("bfloat16")]
+        print(f"| {Path(args.catalogue).parent.name} (tools/s) | | " + row(values))
+    print()
+    print("| decision, 10 messages | " + " | ".join(f"{n} p50 (p95)" for n in names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for tools in (100, 1000):
+        cells = []
+        for kind in kinds:
+            meds = [d["median_ms"] for run in runs[kind] for d in run["decisions"]
+                    if d["tools"] == tools]
+            p95s = [d["p95_ms"] for run in runs[kind] for d in run["decisions"]
+                    if d["tools"] == tools]
+            cells.append(f"{med(meds):.1f} ms{spread(meds)} ({med(p95s):.1f})" if meds else "-")
+        print(f"| {tools} tools | " + " | ".join(cells) + " |")
 
 
 def int8_tables(args, runs: dict, ours, peer) -> None:

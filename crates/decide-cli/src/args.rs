@@ -24,9 +24,10 @@ pub struct Global {
     /// Device: cpu, cuda, cuda:N, metal or auto.
     #[arg(long, global = true, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceSpec,
-    /// Precision: f32, int8 (CPU: int8 linear layers, VNNI where the CPU has it), auto (the
-    /// fastest that keeps the accuracy targets: f32 today), bf16 (CPU: linear layers on AMX
-    /// tiles, Intel Xeon since Sapphire Rapids; GPUs: bf16 weights), or f16 on GPUs.
+    /// Precision: f32, int8 (CPU: int8 linear layers, on AMX tiles or VNNI where the CPU has
+    /// them), auto (the fastest that keeps the accuracy targets: bf16 on a CPU with AMX, else
+    /// f32), bf16 (CPU: linear layers on AMX tiles, Intel Xeon since Sapphire Rapids; GPUs: bf16
+    /// weights), or f16 on GPUs.
     /// `--precision` is the same option.
     #[arg(long, visible_alias = "precision", global = true, default_value = "f32", value_parser = parse_precision)]
     pub dtype: Precision,

@@ -94,7 +94,7 @@ pub use answering::{
 };
 pub use backend::config::{Activation, EncoderConfig, Family};
 pub use backend::device::{CpuKernels, DeviceSpec, Precision};
-pub use backend::TokenRow;
+pub use backend::{Bf16Tiles, TokenRow};
 pub use calibration::{sigmoid, softmax, Calibration};
 /// The manifest's `[conformal]` table; defined in the contract so that the tool filter can take it
 /// without depending on the engine.

@@ -417,4 +417,38 @@ fn bf16_models_stay_close_to_f32() {
         assert_eq!(top(&got), top(&want), "{request}: {got:?} vs f32 {want:?}");
     }
     eprintln!("default model bf16: max |cosine difference| {max_diff:.2e}");
+
+    // `auto` takes bf16 on AMX, the same model as asking for it.
+    let auto = load_in(
+        decide_engine::DEFAULT_MODEL,
+        CpuKernels::Auto,
+        Precision::Auto,
+    );
+    assert_eq!(auto.info().dtype, "bf16");
+    assert!(bench::kernels(&auto).ends_with("-bf16-amx"));
+    for request in requests {
+        let want = bf16.score(request, &tools).unwrap().raw;
+        assert_eq!(auto.score(request, &tools).unwrap().raw, want, "{request}");
+    }
+}
+
+/// Without AMX `auto` is f32, the same model as asking for it.
+#[test]
+fn auto_is_f32_without_amx() {
+    let amx = Engine::builder()
+        .model("all-MiniLM-L6-v2")
+        .precision(Precision::Bf16)
+        .allow_uncalibrated(true)
+        .build()
+        .is_ok();
+    if amx {
+        eprintln!("auto_is_f32_without_amx: skipped, this CPU has AMX (auto is bf16 there)");
+        return;
+    }
+    let auto = load_in("all-MiniLM-L6-v2", CpuKernels::Auto, Precision::Auto);
+    assert_eq!(auto.info().dtype, "f32");
+    let texts = embedding_texts();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let f32 = load_in("all-MiniLM-L6-v2", CpuKernels::Auto, Precision::F32);
+    assert_eq!(auto.embed(&refs).unwrap(), f32.embed(&refs).unwrap());
 }

@@ -66,7 +66,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::quant::RowHooks;
+use super::hooks::RowHooks;
 
 /// Rows of one A or accumulator tile.
 const TM: usize = 16;
@@ -212,6 +212,11 @@ impl Bf16Matrix {
         if let Some(bad) = w_t.iter().find(|v| !v.is_finite()) {
             candle_core::bail!("bf16 weights: a weight is {bad}");
         }
+        Ok(Self::pack_values(w_t, k, n))
+    }
+
+    /// [`Bf16Matrix::pack`] of a matrix of the right length, whatever its values.
+    fn pack_values(w_t: &[f32], k: usize, n: usize) -> Self {
         let kp = k.max(1).div_ceil(TK) * TK;
         let np = n.max(1).div_ceil(PANEL) * PANEL;
         let blocks = kp / TK;
@@ -223,13 +228,13 @@ impl Bf16Matrix {
                 packed[((p * blocks + b) * 2 + t) * TILE_LINES + r].0[2 * c + e] = to_bf16(v);
             }
         }
-        Ok(Self {
+        Self {
             k,
             n,
             kp,
             np,
             packed,
-        })
+        }
     }
 
     /// The lines of panel `p`: every block's two B tiles, in order.
@@ -688,6 +693,47 @@ where
     out
 }
 
+/// Matrix products in bf16 on AMX tiles for code outside the encoder: a trainer's linear
+/// layers, forward and backward. Both factors are rounded to bf16 (to nearest, ties to even)
+/// and the sums are f32, as PyTorch's bf16 autocast does; each output's sum runs in the same
+/// order on every call, so the same inputs give the same floats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bf16Tiles(Amx);
+
+impl Bf16Tiles {
+    /// The tiles, where the CPU has AMX and the OS grants this process their state; `None`
+    /// elsewhere.
+    pub fn detect() -> Option<Bf16Tiles> {
+        Amx::detect().map(Bf16Tiles)
+    }
+
+    /// `a (m × k) · b (k × n)`, both row-major, as `m × n` row-major. Values that are not
+    /// finite go through as they would in f32 (a NaN anywhere in a row or column gives NaN).
+    pub fn product(
+        &self,
+        a: &[f32],
+        k: usize,
+        b: &[f32],
+        n: usize,
+    ) -> candle_core::Result<Vec<f32>> {
+        if k == 0 || !a.len().is_multiple_of(k) || b.len() != k * n {
+            candle_core::bail!(
+                "bf16 product: {} and {} values do not make m × {k} and {k} × {n}",
+                a.len(),
+                b.len()
+            );
+        }
+        let w = Bf16Matrix::pack_values(b, k, n);
+        let bias = vec![0f32; n];
+        let hooks = RowHooks {
+            bias: &bias,
+            residual: None,
+            finish: |_: &mut [f32]| {},
+        };
+        Ok(gemm_bf16_rows(self.0, a, &w, &hooks))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -710,6 +756,42 @@ mod tests {
             eprintln!("{test}: skipped, this CPU has no AMX bf16 (or the OS refused the tiles)");
         }
         amx
+    }
+
+    /// The public product: the same sums as the packed kernel (checked against f64 above),
+    /// on shapes with tails in every dimension, the same floats on a second call, shapes that
+    /// do not fit refused, and a NaN in a factor reaching its row and column only.
+    #[test]
+    fn tiles_product_is_the_rounded_product() {
+        let Some(tiles) = Bf16Tiles::detect() else {
+            eprintln!("tiles_product_is_the_rounded_product: skipped, this CPU has no AMX bf16");
+            return;
+        };
+        for (m, k, n) in [(1, 1, 1), (3, 40, 5), (70, 130, 33), (256, 384, 1536)] {
+            let a = values(11 + m as u64, m * k, 1.0);
+            let b = values(12 + n as u64, k * n, 1.0);
+            let got = tiles.product(&a, k, &b, n).unwrap();
+            assert_eq!(got.len(), m * n);
+            for i in (0..m).step_by(7) {
+                for j in (0..n).step_by(5) {
+                    let mut rounded = 0f64;
+                    for kk in 0..k {
+                        rounded += from_bf16(to_bf16(a[i * k + kk])) as f64
+                            * from_bf16(to_bf16(b[kk * n + j])) as f64;
+                    }
+                    let size = 1.0 + k as f64;
+                    assert!((got[i * n + j] as f64 - rounded).abs() / size < 1e-6);
+                }
+            }
+            assert_eq!(got, tiles.product(&a, k, &b, n).unwrap());
+        }
+        assert!(tiles.product(&[1.0; 5], 2, &[1.0; 4], 2).is_err());
+        assert!(tiles.product(&[1.0; 4], 2, &[1.0; 5], 2).is_err());
+        let mut a = vec![1.0f32; 3 * 4];
+        a[4] = f32::NAN;
+        let got = tiles.product(&a, 4, &[1.0; 8], 2).unwrap();
+        assert!(got[2].is_nan() && got[3].is_nan());
+        assert!(got[0] == 4.0 && got[5] == 4.0);
     }
 
     #[test]

@@ -47,7 +47,8 @@ use rayon::prelude::*;
 
 use super::amx::{gemm_bf16_rows, Amx, Bf16Matrix};
 use super::config::Activation;
-use super::quant::{gemm_int8_rows, quantize_table_rows, QuantIsa, QuantizedMatrix, RowHooks};
+use super::hooks::RowHooks;
+use super::quant::{gemm_int8_rows, quantize_table_rows, QuantIsa, QuantizedMatrix};
 
 /// Instruction-set levels the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -20,9 +20,11 @@ mod batching;
 pub(crate) mod config;
 pub(crate) mod device;
 mod encoder;
+mod hooks;
 mod kernels;
 mod quant;
 
+pub use amx::Bf16Tiles;
 use batching::{plan_batches, plan_packs};
 use config::EncoderConfig;
 use device::CpuKernels;

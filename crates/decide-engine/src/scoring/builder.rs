@@ -147,7 +147,7 @@ impl EngineBuilder {
     }
 
     /// Resolves the model offline and loads it.
-    pub fn build(self) -> Result<Engine> {
+    pub fn build(mut self) -> Result<Engine> {
         if self.max_batch_tokens == 0 || self.max_batch_tokens > 1 << 24 {
             return Err(EngineError::InvalidOption {
                 option: "max-batch-tokens",
@@ -168,6 +168,7 @@ impl EngineBuilder {
         }
         let location = registry::resolve(&self.model)?;
         let device = self.device.open()?;
+        self.precision = self.precision.resolve(&device, self.cpu_kernels);
         let dtype = self.precision.dtype_for(&device)?;
         if self.precision == Precision::Int8 && self.cpu_kernels == CpuKernels::Stock {
             return Err(EngineError::InvalidOption {
