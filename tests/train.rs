@@ -196,6 +196,39 @@ fn a_tiny_model_trains_and_loads_with_model() {
     let manifest = std::fs::read_to_string(Path::new(&margin).join("manifest.toml")).unwrap();
     assert!(manifest.contains("no_tool_margin = 0.3"), "{manifest}");
     assert!(manifest.contains("no_tool_cases_skipped = 0"), "{manifest}");
+    assert!(manifest.contains("products = \"f32\""), "{manifest}");
+    // --dtype bf16 trains the linear layers on AMX tiles where the CPU has them, and the
+    // manifest says so; elsewhere it is a one-line error and nothing is written.
+    let tiled = t.path("tiled");
+    let o = train_to(
+        &tiled,
+        &[
+            "--dtype",
+            "bf16",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "32",
+        ],
+    );
+    let amx = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" amx_bf16"));
+    if amx {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(
+            err.contains("(linear layers in bf16 on AMX tiles)"),
+            "{err}"
+        );
+        assert!(err.contains("epoch 1/1: loss"), "{err}");
+        let manifest = std::fs::read_to_string(Path::new(&tiled).join("manifest.toml")).unwrap();
+        assert!(manifest.contains("products = \"bf16-amx\""), "{manifest}");
+    } else {
+        eprintln!("bf16 training: this CPU has no AMX, so only its error is checked");
+        assert_one_line_error(&o, "bf16 on the cpu needs AMX");
+        assert!(!Path::new(&tiled).exists(), "nothing written");
+    }
     // --stop-after ends the --epochs schedule early, as Ctrl-C after that epoch would: the
     // manifest keeps the schedule's length and says how many epochs ran. Trained on tools read
     // with their argument names, the model is to be read so too.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_engine::{file_sha256, resolve, tool_text, ModelLocation};
+use decide_engine::{file_sha256, resolve, tool_text, Bf16Tiles, ModelLocation, Precision};
 use decide_train::{
     EpochEnd, Example, ExampleSpool, Hyper, ModelMeta, Outcome, RunObserver, Schedule,
     StepProgress, TrainHead, Trainer,
@@ -459,6 +459,11 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         &device,
     )
     .with_context(|| format!("--base {base_spec}"))?;
+    let bf16 = device.is_cpu() && global.dtype.resolve(&device, global.kernels) == Precision::Bf16;
+    let tiles = tiles_for(bf16)?;
+    if let Some(tiles) = tiles {
+        trainer.on_tiles(tiles);
+    }
     drop(base_model);
     let counts = Counts {
         cases,
@@ -468,7 +473,16 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     };
     let mut meta = model_meta(&args, &hyper, &location, &base_spec, tool_parameters);
     record_data(&mut meta, global, &args, &counts)?;
-    announce(global, &args, &base_spec, &counts, trainer.total_steps());
+    let products = if tiles.is_some() { "bf16-amx" } else { "f32" };
+    meta.training.insert("products".into(), products.into());
+    announce(
+        global,
+        &args,
+        &base_spec,
+        &counts,
+        trainer.total_steps(),
+        products,
+    );
     let mut observer = Observer::new(global, &args, &base_spec, &trainer, last_epoch, started)?;
     let schedule = Schedule {
         out: args.out.clone(),
@@ -484,10 +498,32 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The AMX tiles the trainer's linear layers run on, where `--dtype` asks for bf16 (or `auto`
+/// finds AMX) on the CPU (`bf16`); elsewhere training is f32 whatever the precision of the
+/// scoring that mines its hard negatives.
+fn tiles_for(bf16: bool) -> anyhow::Result<Option<Bf16Tiles>> {
+    if !bf16 {
+        return Ok(None);
+    }
+    match Bf16Tiles::detect() {
+        Some(tiles) => Ok(Some(tiles)),
+        None => anyhow::bail!(
+            "--dtype bf16: this CPU has no AMX tiles (Intel Xeon since Sapphire Rapids) to train on; use --dtype f32"
+        ),
+    }
+}
+
 /// The run's first line: what trains from what, on what, for how long.
-fn announce(global: &Global, args: &TrainArgs, base_spec: &str, counts: &Counts, steps: usize) {
+fn announce(
+    global: &Global,
+    args: &TrainArgs,
+    base_spec: &str,
+    counts: &Counts,
+    steps: usize,
+    products: &str,
+) {
     eprintln!(
-        "training a {} from {base_spec} on {} ({} cases, {} pairs, {} no-tool cases {}) for {} epochs, {steps} steps, on {}",
+        "training a {} from {base_spec} on {} ({} cases, {} pairs, {} no-tool cases {}) for {} epochs, {steps} steps, on {}{}",
         args.head.name(),
         args.data.display(),
         counts.cases,
@@ -499,7 +535,12 @@ fn announce(global: &Global, args: &TrainArgs, base_spec: &str, counts: &Counts,
             "skipped"
         },
         args.epochs,
-        global.device
+        global.device,
+        if products == "bf16-amx" {
+            " (linear layers in bf16 on AMX tiles)"
+        } else {
+            ""
+        },
     );
 }
 

@@ -27,6 +27,12 @@
 //!   an offset, its pairs and its hard-negative pool per case in memory, not the texts.
 //! * **Optimiser**: AdamW, linear warm-up then linear decay to zero, gradients clipped by their
 //!   global norm.
+//! * **Fused CPU ops** (module `fused`): on the CPU the LayerNorms, the attention's masked
+//!   softmax and GELU are single ops with their own backward, tested against the basic ops other
+//!   devices run.
+//! * **bf16 on AMX** ([`Trainer::on_tiles`]): on a CPU with AMX the linear layers' products,
+//!   forward and backward, can run in bf16 on the tiles (module `tiles`), with f32 weights,
+//!   gradients and optimiser state; the rest of the graph stays f32.
 //! * **Determinism**: shuffles, hard-negative draws and dropout masks come from one seeded
 //!   generator, so the same seed and data give the same weights.
 //!
@@ -46,8 +52,10 @@ mod config;
 mod data;
 mod error;
 mod export;
+mod fused;
 mod model;
 mod run;
+mod tiles;
 mod trainer;
 
 pub use config::{Hyper, TrainHead};

@@ -10,10 +10,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use decide_engine::{Activation, EncoderConfig, Family};
+use decide_engine::{Activation, Bf16Tiles, EncoderConfig, Family};
 
 use crate::config::TrainHead;
 use crate::error::{Result, TrainError};
+use crate::fused::{Gelu, LayerNorm, MaskedSoftmax};
+use crate::tiles::TileLinear;
 
 /// A seeded generator (SplitMix64): the same seed gives the same shuffles, hard negatives and
 /// dropout masks, hence the same weights. candle's own `rand` draws from the thread's RNG,
@@ -63,6 +65,8 @@ pub(crate) struct Bert {
     pub vars: BTreeMap<String, Var>,
     pub config: EncoderConfig,
     pub device: Device,
+    /// Where the linear layers' products run in bf16 on AMX tiles (`None`: candle's f32).
+    pub tiles: Option<Bf16Tiles>,
 }
 
 /// Prefixes under which checkpoints keep the encoder; stripped on load.
@@ -134,6 +138,7 @@ impl Bert {
             vars,
             config,
             device: device.clone(),
+            tiles: None,
         };
         // Fail at load time, naming the tensor, rather than in the first step.
         bert.t("embeddings.word_embeddings.weight")?;
@@ -169,11 +174,21 @@ impl Bert {
     fn linear(&self, x: &Tensor, prefix: &str) -> Result<Tensor> {
         let w = self.t(&format!("{prefix}.weight"))?;
         let b = self.t(&format!("{prefix}.bias"))?;
-        Ok(x.broadcast_matmul(&w.t()?)?.broadcast_add(b)?)
+        Ok(match self.tiles {
+            Some(tiles) => x.contiguous()?.apply_op3(w, b, TileLinear(tiles))?,
+            None => x.broadcast_matmul(&w.t()?)?.broadcast_add(b)?,
+        })
     }
 
-    /// LayerNorm from mean, variance and an affine map: candle's fused op has no backward.
+    /// LayerNorm: one op with its own backward on the CPU; elsewhere mean, variance and an
+    /// affine map, since candle's fused op has no backward.
     fn layer_norm(&self, x: &Tensor, prefix: &str) -> Result<Tensor> {
+        if self.device.is_cpu() {
+            let w = self.t(&format!("{prefix}.weight"))?;
+            let b = self.t(&format!("{prefix}.bias"))?;
+            let eps = self.config.layer_norm_eps as f32;
+            return Ok(x.contiguous()?.apply_op3(w, b, LayerNorm { eps })?);
+        }
         let mean = x.mean_keepdim(D::Minus1)?;
         let centred = x.broadcast_sub(&mean)?;
         let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
@@ -265,9 +280,15 @@ impl Bert {
         let q = split(self.linear(x, &format!("{pre}.attention.self.query"))?)?;
         let k = split(self.linear(x, &format!("{pre}.attention.self.key"))?)?;
         let v = split(self.linear(x, &format!("{pre}.attention.self.value"))?)?;
-        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
-        // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let probs = if self.device.is_cpu() {
+            let scale = scale as f32;
+            q.matmul(&k.t()?)?
+                .apply_op2(bias, MaskedSoftmax { scale })?
+        } else {
+            let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
+            // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
+            candle_nn::ops::softmax(&scores, D::Minus1)?
+        };
         let probs = self.dropout(&probs, p, rng)?;
         let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
         let attn = self.linear(&ctx, &format!("{pre}.attention.output.dense"))?;
@@ -275,6 +296,7 @@ impl Bert {
         let x1 = self.layer_norm(&(attn + x)?, &format!("{pre}.attention.output.LayerNorm"))?;
         let up = self.linear(&x1, &format!("{pre}.intermediate.dense"))?;
         let up = match c.activation {
+            Activation::Gelu if self.device.is_cpu() => up.apply_op1(Gelu)?,
             Activation::Gelu => up.gelu_erf()?,
             Activation::GeluTanh => up.gelu()?,
             Activation::Relu => up.relu()?,

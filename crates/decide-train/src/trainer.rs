@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
-use decide_engine::EncoderConfig;
+use decide_engine::{Bf16Tiles, EncoderConfig};
 use tokenizers::Tokenizer;
 
 use crate::config::{Hyper, TrainHead};
@@ -68,6 +68,13 @@ pub struct Trainer {
 }
 
 impl Trainer {
+    /// Runs the linear layers' products, forward and backward, in bf16 on `tiles` from here
+    /// on (the frozen layers' cache included); the weights and the optimiser stay f32. The
+    /// same seed then gives the same weights on this path, not the f32 path's.
+    pub fn on_tiles(&mut self, tiles: Bf16Tiles) {
+        self.bert.tiles = Some(tiles);
+    }
+
     /// Loads the base model folder (config.json, tokenizer.json, model.safetensors) for
     /// training on `data`.
     pub fn new(base: &Path, data: TrainData, hyper: Hyper, device: &Device) -> Result<Self> {
@@ -973,6 +980,47 @@ mod tests {
             differs |= va != vc;
         }
         assert!(differs, "another seed should give other weights");
+    }
+
+    /// On AMX tiles: the loss falls as in f32, the same seed gives the same weights, and
+    /// those are not f32's (the products really ran in bf16).
+    #[test]
+    fn training_on_tiles_learns_and_repeats_itself() {
+        let Some(tiles) = Bf16Tiles::detect() else {
+            eprintln!("training_on_tiles_learns_and_repeats_itself: skipped, this CPU has no AMX");
+            return;
+        };
+        let tiled = |seed, epochs| {
+            let mut t =
+                Trainer::new(&fixture(), data(), hyper(seed, epochs), &Device::Cpu).unwrap();
+            t.on_tiles(tiles);
+            let losses = run_epochs(&mut t, epochs);
+            (t, losses)
+        };
+        let (_, losses) = tiled(7, 20);
+        assert!(
+            *losses.last().unwrap() < 0.5 * losses[0],
+            "loss per epoch: {losses:?}"
+        );
+        let a = tiled(3, 1).0.weights().unwrap();
+        let b = tiled(3, 1).0.weights().unwrap();
+        let f32_weights = train(3, 1).0.weights().unwrap();
+        let mut differs = false;
+        for (name, ta) in &a {
+            let va = ta.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let vb = b[name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let vf = f32_weights[name]
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            assert_eq!(va, vb, "{name}");
+            differs |= va != vf;
+        }
+        assert!(
+            differs,
+            "bf16 products should give other weights than f32's"
+        );
     }
 
     #[test]

@@ -217,15 +217,35 @@ impl Bf16Matrix {
 
     /// [`Bf16Matrix::pack`] of a matrix of the right length, whatever its values.
     fn pack_values(w_t: &[f32], k: usize, n: usize) -> Self {
+        Self::pack_with(k, n, |kk, j| w_t[kk * n + j])
+    }
+
+    /// The matrix `k × n` whose value at input `kk` and output `j` is `at(kk, j)`, packed in
+    /// the order of its lines (so the writes are sequential whichever layout `at` reads).
+    #[inline(always)]
+    fn pack_with(k: usize, n: usize, at: impl Fn(usize, usize) -> f32) -> Self {
         let kp = k.max(1).div_ceil(TK) * TK;
         let np = n.max(1).div_ceil(PANEL) * PANEL;
         let blocks = kp / TK;
         let mut packed = vec![ZERO_LINE; np / PANEL * blocks * 2 * TILE_LINES];
-        for (kk, row) in w_t.chunks_exact(n.max(1)).enumerate().take(k) {
-            let (b, r, e) = (kk / TK, (kk % TK) / 2, kk % 2);
-            for (j, &v) in row.iter().enumerate() {
-                let (p, t, c) = (j / PANEL, (j % PANEL) / TN, j % TN);
-                packed[((p * blocks + b) * 2 + t) * TILE_LINES + r].0[2 * c + e] = to_bf16(v);
+        let mut lines = packed.iter_mut();
+        for p in 0..np / PANEL {
+            for b in 0..blocks {
+                for t in 0..2 {
+                    let j0 = p * PANEL + t * TN;
+                    let width = TN.min(n.saturating_sub(j0));
+                    for r in 0..TILE_LINES {
+                        let line = lines.next().expect("one line per (panel, block, tile, r)");
+                        for e in 0..2 {
+                            let kk = b * TK + 2 * r + e;
+                            if kk < k {
+                                for c in 0..width {
+                                    line.0[2 * c + e] = to_bf16(at(kk, j0 + c));
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }
         Self {
@@ -707,30 +727,77 @@ impl Bf16Tiles {
         Amx::detect().map(Bf16Tiles)
     }
 
-    /// `a (m × k) · b (k × n)`, both row-major, as `m × n` row-major. Values that are not
-    /// finite go through as they would in f32 (a NaN anywhere in a row or column gives NaN).
+    /// `a (m × k) · b (k × n)`, both row-major, as `m × n` row-major, plus `bias` (`n`) on
+    /// every row when there is one. Values that are not finite go through as they would in
+    /// f32 (a NaN anywhere in a row or column gives NaN).
     pub fn product(
         &self,
         a: &[f32],
         k: usize,
         b: &[f32],
         n: usize,
+        bias: Option<&[f32]>,
     ) -> candle_core::Result<Vec<f32>> {
-        if k == 0 || !a.len().is_multiple_of(k) || b.len() != k * n {
+        Self::check(a, k, b, n, bias)?;
+        self.run(a, &Bf16Matrix::pack_values(b, k, n), bias)
+    }
+
+    /// `a (m × k) · wᵀ` for `w` (`n × k`, row-major: a linear layer's weight), plus `bias`:
+    /// [`product`](Self::product) with the transpose read in place.
+    pub fn product_t(
+        &self,
+        a: &[f32],
+        k: usize,
+        w: &[f32],
+        n: usize,
+        bias: Option<&[f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        Self::check(a, k, w, n, bias)?;
+        self.run(a, &Bf16Matrix::pack_with(k, n, |kk, j| w[j * k + kk]), bias)
+    }
+
+    fn check(
+        a: &[f32],
+        k: usize,
+        b: &[f32],
+        n: usize,
+        bias: Option<&[f32]>,
+    ) -> candle_core::Result<()> {
+        if k == 0
+            || !a.len().is_multiple_of(k)
+            || b.len() != k * n
+            || bias.is_some_and(|v| v.len() != n)
+        {
             candle_core::bail!(
-                "bf16 product: {} and {} values do not make m × {k} and {k} × {n}",
+                "bf16 product: {} and {} values (and a bias of {}) do not make m × {k} and {k} × {n}",
                 a.len(),
-                b.len()
+                b.len(),
+                bias.map_or(0, <[f32]>::len)
             );
         }
-        let w = Bf16Matrix::pack_values(b, k, n);
-        let bias = vec![0f32; n];
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        a: &[f32],
+        w: &Bf16Matrix,
+        bias: Option<&[f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        let zeros;
+        let bias = match bias {
+            Some(bias) => bias,
+            None => {
+                zeros = vec![0f32; w.n];
+                &zeros
+            }
+        };
         let hooks = RowHooks {
-            bias: &bias,
+            bias,
             residual: None,
             finish: |_: &mut [f32]| {},
         };
-        Ok(gemm_bf16_rows(self.0, a, &w, &hooks))
+        Ok(gemm_bf16_rows(self.0, a, w, &hooks))
     }
 }
 
@@ -770,7 +837,7 @@ mod tests {
         for (m, k, n) in [(1, 1, 1), (3, 40, 5), (70, 130, 33), (256, 384, 1536)] {
             let a = values(11 + m as u64, m * k, 1.0);
             let b = values(12 + n as u64, k * n, 1.0);
-            let got = tiles.product(&a, k, &b, n).unwrap();
+            let got = tiles.product(&a, k, &b, n, None).unwrap();
             assert_eq!(got.len(), m * n);
             for i in (0..m).step_by(7) {
                 for j in (0..n).step_by(5) {
@@ -783,13 +850,29 @@ mod tests {
                     assert!((got[i * n + j] as f64 - rounded).abs() / size < 1e-6);
                 }
             }
-            assert_eq!(got, tiles.product(&a, k, &b, n).unwrap());
+            assert_eq!(got, tiles.product(&a, k, &b, n, None).unwrap());
+            // A bias adds onto the same sums; a weight given as n × k packs the same values.
+            let bias = values(13, n, 1.0);
+            let with = tiles.product(&a, k, &b, n, Some(&bias)).unwrap();
+            for (i, (w, g)) in with.iter().zip(&got).enumerate() {
+                assert_eq!(*w, g + bias[i % n]);
+            }
+            let mut bt = vec![0f32; n * k];
+            for kk in 0..k {
+                for j in 0..n {
+                    bt[j * k + kk] = b[kk * n + j];
+                }
+            }
+            assert_eq!(tiles.product_t(&a, k, &bt, n, Some(&bias)).unwrap(), with);
         }
-        assert!(tiles.product(&[1.0; 5], 2, &[1.0; 4], 2).is_err());
-        assert!(tiles.product(&[1.0; 4], 2, &[1.0; 5], 2).is_err());
+        assert!(tiles.product(&[1.0; 5], 2, &[1.0; 4], 2, None).is_err());
+        assert!(tiles.product(&[1.0; 4], 2, &[1.0; 5], 2, None).is_err());
+        assert!(tiles
+            .product(&[1.0; 4], 2, &[1.0; 4], 2, Some(&[0.0]))
+            .is_err());
         let mut a = vec![1.0f32; 3 * 4];
         a[4] = f32::NAN;
-        let got = tiles.product(&a, 4, &[1.0; 8], 2).unwrap();
+        let got = tiles.product(&a, 4, &[1.0; 8], 2, None).unwrap();
         assert!(got[2].is_nan() && got[3].is_nan());
         assert!(got[0] == 4.0 && got[5] == 4.0);
     }
