@@ -17,22 +17,6 @@ use crate::fused::{slice, with_values};
 /// `(…, n)`, on AMX tiles: inputs `(x, W, b)`.
 pub(crate) struct TileLinear(pub Bf16Tiles);
 
-/// `rows × cols` row-major, transposed.
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; a.len()];
-    // Blocks of 32 × 32 keep both the reads and the writes within a few cache lines.
-    for r0 in (0..rows).step_by(32) {
-        for c0 in (0..cols).step_by(32) {
-            for r in r0..(r0 + 32).min(rows) {
-                for c in c0..(c0 + 32).min(cols) {
-                    t[c * rows + r] = a[r * cols + c];
-                }
-            }
-        }
-    }
-    t
-}
-
 impl CustomOp3 for TileLinear {
     fn name(&self) -> &'static str {
         "bf16-linear"
@@ -72,13 +56,14 @@ impl CustomOp3 for TileLinear {
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (n, k) = w.dims2()?;
-        let m = x.elem_count() / k;
         let (grad_x, grad_w, grad_b) = with_values(grad, |g| {
             let grad_x = with_values(w, |ws| self.0.product(g, n, ws, k, None))?;
-            let g_t = transpose(g, m, n);
-            let grad_w = with_values(x, |xs| self.0.product(&g_t, m, xs, k, None))?;
+            let grad_w = with_values(x, |xs| self.0.product_tn(g, n, xs, k, None))?;
             // ∂b: each output's gradient summed over the rows, in row order.
-            let grad_b: Vec<f32> = g_t.chunks_exact(m.max(1)).map(|c| c.iter().sum()).collect();
+            let mut grad_b = vec![0f32; n];
+            for row in g.chunks_exact(n.max(1)) {
+                grad_b.iter_mut().zip(row).for_each(|(b, g)| *b += g);
+            }
             Ok((grad_x, grad_w, grad_b))
         })?;
         Ok((

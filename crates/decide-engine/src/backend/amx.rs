@@ -212,41 +212,21 @@ impl Bf16Matrix {
         if let Some(bad) = w_t.iter().find(|v| !v.is_finite()) {
             candle_core::bail!("bf16 weights: a weight is {bad}");
         }
-        Ok(Self::pack_values(w_t, k, n))
+        Ok(Self::pack_values(None, w_t, k, n))
     }
 
-    /// [`Bf16Matrix::pack`] of a matrix of the right length, whatever its values.
-    fn pack_values(w_t: &[f32], k: usize, n: usize) -> Self {
-        Self::pack_with(k, n, |kk, j| w_t[kk * n + j])
-    }
-
-    /// The matrix `k × n` whose value at input `kk` and output `j` is `at(kk, j)`, packed in
-    /// the order of its lines (so the writes are sequential whichever layout `at` reads).
-    #[inline(always)]
-    fn pack_with(k: usize, n: usize, at: impl Fn(usize, usize) -> f32) -> Self {
+    /// [`Bf16Matrix::pack`] of a matrix of the right length, whatever its values; with `amx`,
+    /// in the loops compiled for AVX-512 that its detection proved (the rounding vectorizes
+    /// there).
+    fn pack_values(amx: Option<Amx>, w_t: &[f32], k: usize, n: usize) -> Self {
         let kp = k.max(1).div_ceil(TK) * TK;
         let np = n.max(1).div_ceil(PANEL) * PANEL;
-        let blocks = kp / TK;
-        let mut packed = vec![ZERO_LINE; np / PANEL * blocks * 2 * TILE_LINES];
-        let mut lines = packed.iter_mut();
-        for p in 0..np / PANEL {
-            for b in 0..blocks {
-                for t in 0..2 {
-                    let j0 = p * PANEL + t * TN;
-                    let width = TN.min(n.saturating_sub(j0));
-                    for r in 0..TILE_LINES {
-                        let line = lines.next().expect("one line per (panel, block, tile, r)");
-                        for e in 0..2 {
-                            let kk = b * TK + 2 * r + e;
-                            if kk < k {
-                                for c in 0..width {
-                                    line.0[2 * c + e] = to_bf16(at(kk, j0 + c));
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+        let mut packed = vec![ZERO_LINE; np / PANEL * (kp / TK) * 2 * TILE_LINES];
+        match amx {
+            // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
+            #[cfg(target_arch = "x86_64")]
+            Some(_) => unsafe { x86::fill_lines_avx512(w_t, k, n, &mut packed) },
+            _ => fill_lines_generic(w_t, k, n, &mut packed),
         }
         Self {
             k,
@@ -521,6 +501,59 @@ fn pack_rows(amx: Amx, x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
     }
 }
 
+/// Fills the zeroed lines of a [`Bf16Matrix`] from `w_t` (`k × n`, row-major), in the order of
+/// the lines, so the writes are sequential. A line takes 16 columns of two consecutive inputs;
+/// whole ones are fixed-width loops that vectorize, the edges go value by value.
+#[inline(always)]
+fn fill_lines_generic(w_t: &[f32], k: usize, n: usize, packed: &mut [Line]) {
+    let blocks = k.max(1).div_ceil(TK);
+    let mut lines = packed.iter_mut();
+    for p in 0..n.max(1).div_ceil(PANEL) {
+        for b in 0..blocks {
+            for t in 0..2 {
+                let j0 = p * PANEL + t * TN;
+                let width = TN.min(n.saturating_sub(j0));
+                for r in 0..TILE_LINES {
+                    let line = lines.next().expect("one line per (panel, block, tile, r)");
+                    let kk = b * TK + 2 * r;
+                    if width == TN && kk + 1 < k {
+                        let x0: &[f32; TN] = w_t[kk * n + j0..][..TN].try_into().unwrap();
+                        let x1: &[f32; TN] = w_t[(kk + 1) * n + j0..][..TN].try_into().unwrap();
+                        for c in 0..TN {
+                            line.0[2 * c] = to_bf16(x0[c]);
+                            line.0[2 * c + 1] = to_bf16(x1[c]);
+                        }
+                        continue;
+                    }
+                    for e in 0..2 {
+                        if kk + e < k {
+                            for c in 0..width {
+                                line.0[2 * c + e] = to_bf16(w_t[(kk + e) * n + j0 + c]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `rows × cols` row-major, transposed (in blocks of 32 × 32, so that both the reads and the
+/// writes stay within a few cache lines).
+fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; a.len()];
+    for r0 in (0..rows).step_by(32) {
+        for c0 in (0..cols).step_by(32) {
+            for r in r0..(r0 + 32).min(rows) {
+                for c in c0..(c0 + 32).min(cols) {
+                    t[c * rows + r] = a[r * cols + c];
+                }
+            }
+        }
+    }
+    t
+}
+
 #[inline(always)]
 fn pack_rows_generic(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
     let rows = x.len() / k;
@@ -586,6 +619,15 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn pack_rows_avx512(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
         super::pack_rows_generic(x, k, kp, a)
+    }
+
+    /// [`super::fill_lines_generic`] compiled for AVX-512, where the rounding vectorizes.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512BW must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn fill_lines_avx512(w_t: &[f32], k: usize, n: usize, packed: &mut [Line]) {
+        super::fill_lines_generic(w_t, k, n, packed)
     }
 
     /// [`super::products_generic`] compiled for AVX-512, where adding the sums vectorizes.
@@ -739,11 +781,11 @@ impl Bf16Tiles {
         bias: Option<&[f32]>,
     ) -> candle_core::Result<Vec<f32>> {
         Self::check(a, k, b, n, bias)?;
-        self.run(a, &Bf16Matrix::pack_values(b, k, n), bias)
+        self.run(a, &Bf16Matrix::pack_values(Some(self.0), b, k, n), bias)
     }
 
     /// `a (m × k) · wᵀ` for `w` (`n × k`, row-major: a linear layer's weight), plus `bias`:
-    /// [`product`](Self::product) with the transpose read in place.
+    /// [`product`](Self::product) of the transpose.
     pub fn product_t(
         &self,
         a: &[f32],
@@ -753,7 +795,24 @@ impl Bf16Tiles {
         bias: Option<&[f32]>,
     ) -> candle_core::Result<Vec<f32>> {
         Self::check(a, k, w, n, bias)?;
-        self.run(a, &Bf16Matrix::pack_with(k, n, |kk, j| w[j * k + kk]), bias)
+        self.product(a, k, &transpose(w, n, k), n, bias)
+    }
+
+    /// `a_tᵀ · b` for `a_t` (`k × m`, row-major) and `b` (`k × n`), as `m × n`, plus `bias`:
+    /// a weight's gradient, `∂yᵀ · x`, from the rows of both.
+    pub fn product_tn(
+        &self,
+        a_t: &[f32],
+        m: usize,
+        b: &[f32],
+        n: usize,
+        bias: Option<&[f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        if m == 0 || !a_t.len().is_multiple_of(m) {
+            candle_core::bail!("bf16 product: {} values do not make k × {m}", a_t.len());
+        }
+        let k = a_t.len() / m;
+        self.product(&transpose(a_t, k, m), k, b, n, bias)
     }
 
     fn check(
@@ -864,6 +923,19 @@ mod tests {
                 }
             }
             assert_eq!(tiles.product_t(&a, k, &bt, n, Some(&bias)).unwrap(), with);
+            // So does a left factor given as k × m.
+            let at = transpose(&a, m, k);
+            assert_eq!(tiles.product_tn(&at, m, &b, n, Some(&bias)).unwrap(), with);
+            // The vectorized packing is the portable one, line for line.
+            let (fast, slow) = (
+                Bf16Matrix::pack_values(Some(tiles.0), &b, k, n),
+                Bf16Matrix::pack_values(None, &b, k, n),
+            );
+            assert!(fast
+                .packed
+                .iter()
+                .zip(&slow.packed)
+                .all(|(x, y)| x.0 == y.0));
         }
         assert!(tiles.product(&[1.0; 5], 2, &[1.0; 4], 2, None).is_err());
         assert!(tiles.product(&[1.0; 4], 2, &[1.0; 5], 2, None).is_err());
