@@ -293,12 +293,14 @@ impl CustomOp1 for Gelu {
     }
 }
 
+/// What the tests of the trainer's ops share: seeded values and the largest gap between two
+/// tensors.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::{Device, Var, D};
+pub(crate) mod testing {
+    use candle_core::Tensor;
 
-    fn values(seed: u64, len: usize, scale: f32) -> Vec<f32> {
+    /// `len` values in `[-scale, scale)` from `seed` (xorshift).
+    pub(crate) fn values(seed: u64, len: usize, scale: f32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..len)
             .map(|_| {
@@ -310,11 +312,12 @@ mod tests {
             .collect()
     }
 
-    fn flat(t: &Tensor) -> Vec<f32> {
+    pub(crate) fn flat(t: &Tensor) -> Vec<f32> {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
-    fn gap(a: &Tensor, b: &Tensor) -> f32 {
+    /// The largest absolute difference between two tensors of the same shape.
+    pub(crate) fn gap(a: &Tensor, b: &Tensor) -> f32 {
         assert_eq!(a.dims(), b.dims());
         let (a, b) = (flat(a), flat(b));
         a.iter()
@@ -322,6 +325,13 @@ mod tests {
             .map(|(x, y)| (x - y).abs())
             .fold(0.0, f32::max)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{flat, gap, values};
+    use super::*;
+    use candle_core::{Device, Var, D};
 
     /// The fused LayerNorm and its three gradients against the same LayerNorm in basic ops
     /// under candle's autograd (as the trainer spells it on other devices), over more rows

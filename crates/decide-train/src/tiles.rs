@@ -77,29 +77,8 @@ impl CustomOp3 for TileLinear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fused::testing::{gap as largest_gap, values};
     use candle_core::{Device, Var};
-
-    fn values(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
-
-    fn largest_gap(a: &Tensor, b: &Tensor) -> f32 {
-        let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
-    }
 
     /// The op's output and its three gradients against candle's f32 matmul and its autograd, on a
     /// 3-d input with tails in every dimension: within bf16's rounding of the factors (about
@@ -113,10 +92,10 @@ mod tests {
         };
         let d = Device::Cpu;
         let (b, l, k, n) = (3, 17, 45, 70);
-        let x = Var::from_vec(values(1, b * l * k), (b, l, k), &d).unwrap();
-        let w = Var::from_vec(values(2, n * k), (n, k), &d).unwrap();
-        let bias = Var::from_vec(values(4, n), n, &d).unwrap();
-        let up = Tensor::from_vec(values(3, b * l * n), (b, l, n), &d).unwrap();
+        let x = Var::from_vec(values(1, b * l * k, 1.0), (b, l, k), &d).unwrap();
+        let w = Var::from_vec(values(2, n * k, 1.0), (n, k), &d).unwrap();
+        let bias = Var::from_vec(values(4, n, 1.0), n, &d).unwrap();
+        let up = Tensor::from_vec(values(3, b * l * n, 1.0), (b, l, n), &d).unwrap();
         let run = |tiled: bool| {
             let y = if tiled {
                 x.apply_op3(&w, &bias, TileLinear(tiles)).unwrap()
