@@ -459,8 +459,10 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         &device,
     )
     .with_context(|| format!("--base {base_spec}"))?;
+    // The base model loaded above already refused bf16 on a CPU without AMX, and `auto`
+    // resolves to bf16 only where the tiles are, so bf16 here means the tiles exist.
     let bf16 = device.is_cpu() && global.dtype.resolve(&device, global.kernels) == Precision::Bf16;
-    let tiles = tiles_for(bf16)?;
+    let tiles = bf16.then(Bf16Tiles::detect).flatten();
     if let Some(tiles) = tiles {
         trainer.on_tiles(tiles);
     }
@@ -481,7 +483,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         &base_spec,
         &counts,
         trainer.total_steps(),
-        products,
+        tiles.is_some(),
     );
     let mut observer = Observer::new(global, &args, &base_spec, &trainer, last_epoch, started)?;
     let schedule = Schedule {
@@ -498,21 +500,6 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The AMX tiles the trainer's linear layers run on, where `--dtype` asks for bf16 (or `auto`
-/// finds AMX) on the CPU (`bf16`); elsewhere training is f32 whatever the precision of the
-/// scoring that mines its hard negatives.
-fn tiles_for(bf16: bool) -> anyhow::Result<Option<Bf16Tiles>> {
-    if !bf16 {
-        return Ok(None);
-    }
-    match Bf16Tiles::detect() {
-        Some(tiles) => Ok(Some(tiles)),
-        None => anyhow::bail!(
-            "--dtype bf16: this CPU has no AMX tiles (Intel Xeon since Sapphire Rapids) to train on; use --dtype f32"
-        ),
-    }
-}
-
 /// The run's first line: what trains from what, on what, for how long.
 fn announce(
     global: &Global,
@@ -520,7 +507,7 @@ fn announce(
     base_spec: &str,
     counts: &Counts,
     steps: usize,
-    products: &str,
+    on_tiles: bool,
 ) {
     eprintln!(
         "training a {} from {base_spec} on {} ({} cases, {} pairs, {} no-tool cases {}) for {} epochs, {steps} steps, on {}{}",
@@ -536,7 +523,7 @@ fn announce(
         },
         args.epochs,
         global.device,
-        if products == "bf16-amx" {
+        if on_tiles {
             " (linear layers in bf16 on AMX tiles)"
         } else {
             ""

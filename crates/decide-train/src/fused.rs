@@ -4,10 +4,11 @@
 //! Spelled out in candle's basic ops, a LayerNorm is nine passes over its input forward and
 //! about twenty backward, each allocating a tensor, the attention softmax with its scale and
 //! mask eight more, and GELU's backward half a dozen with a library `erf` per value; on the CPU
-//! those passes, not the matrix products, took most of a training step. These ops make one pass a row forward and one backward, over rows in
-//! parallel. Their sums run in a fixed order (a row's in order, and the LayerNorm's weight
-//! gradients chunk by chunk, the chunks added in order), so the same seed still gives the
-//! same weights. Other devices keep the basic ops, which these are tested against.
+//! those passes, not the matrix products, took most of a training step. These ops make one
+//! pass a row forward and one backward, over rows in parallel. Their sums run in a fixed order
+//! (a row's in order, and the LayerNorm's weight gradients chunk by chunk, the chunks added in
+//! order), so the same seed still gives the same weights. Other devices keep the basic ops,
+//! which these are tested against.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Storage, Tensor};
 use rayon::prelude::*;
