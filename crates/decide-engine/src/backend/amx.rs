@@ -84,7 +84,7 @@ const TILE_LINES: usize = 16;
 /// 64 bytes of bf16 values (32 of them), aligned as the cache lines tiles are loaded from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C, align(64))]
-struct Line([u16; 32]);
+pub(crate) struct Line([u16; 32]);
 
 const ZERO_LINE: Line = Line([0; 32]);
 
@@ -188,6 +188,12 @@ fn from_bf16(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
 
+/// `x` rounded to bf16 and back: the value the tiles multiply.
+#[cfg(test)]
+pub(crate) fn rounded(x: f32) -> f32 {
+    from_bf16(to_bf16(x))
+}
+
 /// A weight matrix `k × n` in bf16, packed into AMX B tiles (see the module's notes).
 #[derive(Debug, Clone)]
 pub(crate) struct Bf16Matrix {
@@ -219,22 +225,64 @@ impl Bf16Matrix {
     /// in the loops compiled for AVX-512 that its detection proved (the rounding vectorizes
     /// there).
     fn pack_values(amx: Option<Amx>, w_t: &[f32], k: usize, n: usize) -> Self {
-        let kp = k.max(1).div_ceil(TK) * TK;
-        let np = n.max(1).div_ceil(PANEL) * PANEL;
-        let mut packed = vec![ZERO_LINE; np / PANEL * (kp / TK) * 2 * TILE_LINES];
+        Self::strided(amx, w_t, n, k, n)
+    }
+
+    /// The `k × n` matrix whose row `kk` is `src[kk · stride ..][.. n]`, rounded and packed,
+    /// with `amx` in the loops compiled for AVX-512.
+    fn strided(amx: Option<Amx>, src: &[f32], stride: usize, k: usize, n: usize) -> Self {
+        let mut m = Self::zeros(k, n);
         match amx {
             // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
             #[cfg(target_arch = "x86_64")]
-            Some(_) => unsafe { x86::fill_lines_avx512(w_t, k, n, &mut packed) },
-            _ => fill_lines_generic(w_t, k, n, &mut packed),
+            Some(_) => unsafe { x86::fill_lines_avx512(src, stride, k, n, &mut m.packed) },
+            _ => fill_lines_generic(src, stride, k, n, &mut m.packed),
         }
+        m
+    }
+
+    /// An empty matrix of `k × n` (lines zeroed).
+    fn zeros(k: usize, n: usize) -> Self {
+        let kp = k.max(1).div_ceil(TK) * TK;
+        let np = n.max(1).div_ceil(PANEL) * PANEL;
         Self {
             k,
             n,
             kp,
             np,
-            packed,
+            packed: vec![ZERO_LINE; np / PANEL * (kp / TK) * 2 * TILE_LINES],
         }
+    }
+
+    /// The `k × n` matrix whose row `kk` is `src[kk · stride ..][.. n]`: one head's values,
+    /// read in place out of a sequence's QKV rows.
+    pub(crate) fn from_rows(amx: Amx, src: &[f32], stride: usize, k: usize, n: usize) -> Self {
+        assert!(k == 0 || (k - 1) * stride + n <= src.len());
+        Self::strided(Some(amx), src, stride, k, n)
+    }
+
+    /// The `k × n` matrix whose column `j` is `src[j · stride ..][.. k]`: one head's keys as
+    /// the scores' `Kᵀ`, read in place out of a sequence's QKV rows.
+    pub(crate) fn from_columns(amx: Amx, src: &[f32], stride: usize, k: usize, n: usize) -> Self {
+        assert!(n == 0 || (n - 1) * stride + k <= src.len());
+        let mut m = Self::zeros(k, n);
+        // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            let _ = amx;
+            x86::fill_columns_avx512(src, stride, k, n, &mut m.packed)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = amx;
+            fill_columns_generic(src, stride, k, n, &mut m.packed)
+        }
+        m
+    }
+
+    /// `n` rounded up to whole panels: the width of the sums [`product_into`] writes.
+    pub(crate) fn padded_n(&self) -> usize {
+        self.np
     }
 
     /// The lines of panel `p`: every block's two B tiles, in order.
@@ -501,11 +549,12 @@ fn pack_rows(amx: Amx, x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
     }
 }
 
-/// Fills the zeroed lines of a [`Bf16Matrix`] from `w_t` (`k × n`, row-major), in the order of
-/// the lines, so the writes are sequential. A line takes 16 columns of two consecutive inputs;
-/// whole ones are fixed-width loops that vectorize, the edges go value by value.
+/// Fills the zeroed lines of a [`Bf16Matrix`] from `w_t` (`k × n`, row `kk` at `kk · stride`),
+/// in the order of the lines, so the writes are sequential. A line takes 16 columns of two
+/// consecutive inputs; whole ones are fixed-width loops that vectorize, the edges go value by
+/// value.
 #[inline(always)]
-fn fill_lines_generic(w_t: &[f32], k: usize, n: usize, packed: &mut [Line]) {
+fn fill_lines_generic(w_t: &[f32], stride: usize, k: usize, n: usize, packed: &mut [Line]) {
     let blocks = k.max(1).div_ceil(TK);
     let mut lines = packed.iter_mut();
     for p in 0..n.max(1).div_ceil(PANEL) {
@@ -517,8 +566,9 @@ fn fill_lines_generic(w_t: &[f32], k: usize, n: usize, packed: &mut [Line]) {
                     let line = lines.next().expect("one line per (panel, block, tile, r)");
                     let kk = b * TK + 2 * r;
                     if width == TN && kk + 1 < k {
-                        let x0: &[f32; TN] = w_t[kk * n + j0..][..TN].try_into().unwrap();
-                        let x1: &[f32; TN] = w_t[(kk + 1) * n + j0..][..TN].try_into().unwrap();
+                        let x0: &[f32; TN] = w_t[kk * stride + j0..][..TN].try_into().unwrap();
+                        let x1: &[f32; TN] =
+                            w_t[(kk + 1) * stride + j0..][..TN].try_into().unwrap();
                         for c in 0..TN {
                             line.0[2 * c] = to_bf16(x0[c]);
                             line.0[2 * c + 1] = to_bf16(x1[c]);
@@ -528,11 +578,89 @@ fn fill_lines_generic(w_t: &[f32], k: usize, n: usize, packed: &mut [Line]) {
                     for e in 0..2 {
                         if kk + e < k {
                             for c in 0..width {
-                                line.0[2 * c + e] = to_bf16(w_t[(kk + e) * n + j0 + c]);
+                                line.0[2 * c + e] = to_bf16(w_t[(kk + e) * stride + j0 + c]);
                             }
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// [`fill_lines_generic`] of the matrix whose element `(kk, j)` is `src[j · stride + kk]`,
+/// source row by source row so that the reads are sequential: each block of 32 of a row's
+/// values is rounded at once, and its 16 pairs go to the same place in 16 lines.
+#[inline(always)]
+fn fill_columns_generic(src: &[f32], stride: usize, k: usize, n: usize, packed: &mut [Line]) {
+    let blocks = k.max(1).div_ceil(TK);
+    for j in 0..n {
+        let (p, t, c) = (j / PANEL, (j % PANEL) / TN, j % TN);
+        let row = &src[j * stride..j * stride + k];
+        for b in 0..blocks {
+            let mut values = [0u16; TK];
+            for (v, x) in values.iter_mut().zip(&row[b * TK..k.min((b + 1) * TK)]) {
+                *v = to_bf16(*x);
+            }
+            let tile = ((p * blocks + b) * 2 + t) * TILE_LINES;
+            for (r, line) in packed[tile..tile + TILE_LINES].iter_mut().enumerate() {
+                line.0[2 * c] = values[2 * r];
+                line.0[2 * c + 1] = values[2 * r + 1];
+            }
+        }
+    }
+}
+
+/// Rounds `rows` rows of `w`'s `k` inputs, row `i` at `x[i · stride ..]`, into `a` as A tiles
+/// read them for products with `w` (see [`pack_rows`]).
+pub(crate) fn pack_rows_for(
+    amx: Amx,
+    x: &[f32],
+    stride: usize,
+    rows: usize,
+    w: &Bf16Matrix,
+    a: &mut Vec<Line>,
+) {
+    assert!(rows == 0 || (rows - 1) * stride + w.k <= x.len());
+    // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        let _ = amx;
+        x86::pack_strided_avx512(x, stride, rows, w.k, w.kp, a)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = amx;
+        pack_strided_generic(x, stride, rows, w.k, w.kp, a)
+    }
+}
+
+/// `a · w` for the first `rows` packed rows of `a` ([`pack_rows_for`]), into `out` as
+/// `rows × w.padded_n()` row-major f32 sums (zero in the padding columns), on the calling
+/// thread. The tiles are configured here.
+pub(crate) fn product_into(amx: Amx, a: &[Line], rows: usize, w: &Bf16Matrix, out: &mut [f32]) {
+    assert!(out.len() >= rows * w.np);
+    configure(amx);
+    // SAFETY: an `Amx` exists only where detection found AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        x86::copy_blocks_avx512(amx, a, rows, w, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    copy_blocks_generic(amx, a, rows, w, out)
+}
+
+/// The loops of [`product_into`]; the tiles must have been configured on this thread.
+#[inline(always)]
+fn copy_blocks_generic(amx: Amx, a: &[Line], rows: usize, w: &Bf16Matrix, out: &mut [f32]) {
+    let (lines, np) = (w.kp / TK, w.np);
+    let mut c: Block = [[0.0; PANEL]; MB];
+    for r0 in (0..rows).step_by(MB) {
+        let mr = MB.min(rows - r0);
+        for p in 0..np / PANEL {
+            block(amx, a, lines, r0, mr, w.panel(p), &mut c);
+            for (r, c) in c.iter().enumerate().take(mr) {
+                out[(r0 + r) * np + p * PANEL..][..PANEL].copy_from_slice(c);
             }
         }
     }
@@ -556,11 +684,24 @@ fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 #[inline(always)]
 fn pack_rows_generic(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
-    let rows = x.len() / k;
+    pack_strided_generic(x, k, x.len() / k, k, kp, a)
+}
+
+/// [`pack_rows_generic`] of `rows` rows of `k` values, row `i` at `x[i · stride ..]`.
+#[inline(always)]
+fn pack_strided_generic(
+    x: &[f32],
+    stride: usize,
+    rows: usize,
+    k: usize,
+    kp: usize,
+    a: &mut Vec<Line>,
+) {
     let lines = kp / TK;
     a.clear();
     a.resize(rows.div_ceil(MB) * MB * lines, ZERO_LINE);
-    for (src, dst) in x.chunks_exact(k).zip(a.chunks_exact_mut(lines)) {
+    for (i, dst) in a.chunks_exact_mut(lines).take(rows).enumerate() {
+        let src = &x[i * stride..i * stride + k];
         let mut chunks = src.chunks_exact(TK);
         for (c, l) in (&mut chunks).zip(dst.iter_mut()) {
             for (o, v) in l.0.iter_mut().zip(c) {
@@ -626,8 +767,60 @@ mod x86 {
     /// # Safety
     /// AVX-512F and AVX-512BW must be available.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn fill_lines_avx512(w_t: &[f32], k: usize, n: usize, packed: &mut [Line]) {
-        super::fill_lines_generic(w_t, k, n, packed)
+    pub(super) unsafe fn fill_lines_avx512(
+        w_t: &[f32],
+        stride: usize,
+        k: usize,
+        n: usize,
+        packed: &mut [Line],
+    ) {
+        super::fill_lines_generic(w_t, stride, k, n, packed)
+    }
+
+    /// [`super::fill_columns_generic`] compiled for AVX-512, where the rounding vectorizes.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512BW must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn fill_columns_avx512(
+        src: &[f32],
+        stride: usize,
+        k: usize,
+        n: usize,
+        packed: &mut [Line],
+    ) {
+        super::fill_columns_generic(src, stride, k, n, packed)
+    }
+
+    /// [`super::pack_rows_generic`] of strided rows, compiled for AVX-512.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512BW must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn pack_strided_avx512(
+        x: &[f32],
+        stride: usize,
+        rows: usize,
+        k: usize,
+        kp: usize,
+        a: &mut Vec<Line>,
+    ) {
+        super::pack_strided_generic(x, stride, rows, k, kp, a)
+    }
+
+    /// [`super::copy_blocks_generic`] compiled for AVX-512.
+    ///
+    /// # Safety
+    /// AVX-512F must be available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn copy_blocks_avx512(
+        amx: super::Amx,
+        a: &[Line],
+        rows: usize,
+        w: &super::Bf16Matrix,
+        out: &mut [f32],
+    ) {
+        super::copy_blocks_generic(amx, a, rows, w, out)
     }
 
     /// [`super::products_generic`] compiled for AVX-512, where adding the sums vectorizes.
@@ -986,6 +1179,24 @@ mod tests {
                 .filter(|&v| v != 0)
                 .count();
             assert!(nonzero <= k * n);
+        }
+        // A head's values and keys, read in place out of wider rows (stride 70).
+        if let Some(amx) = Amx::detect() {
+            for (k, n) in [(1, 1), (33, 17), (64, 32), (40, 70)] {
+                let src = values(7 + k as u64, 70 * k.max(n), 1.0);
+                let rows = Bf16Matrix::from_rows(amx, &src, 70, k, n);
+                let columns = Bf16Matrix::from_columns(amx, &src, 70, k, n);
+                for kk in 0..k {
+                    for j in 0..n {
+                        assert_eq!(rows.weight(kk, j), rounded(src[kk * 70 + j]));
+                        assert_eq!(columns.weight(kk, j), rounded(src[j * 70 + kk]));
+                    }
+                }
+                for m in [&rows, &columns] {
+                    let nonzero = m.packed.iter().flat_map(|l| l.0).filter(|&v| v != 0);
+                    assert!(nonzero.count() <= k * n);
+                }
+            }
         }
         let err = Bf16Matrix::pack(&[1.0, f32::NAN], 1, 2).unwrap_err();
         assert!(err.to_string().contains("a weight is NaN"), "{err}");

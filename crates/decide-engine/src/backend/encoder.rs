@@ -8,6 +8,7 @@
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
 
+use super::amx::Amx;
 use super::config::{Activation, EncoderConfig, Family};
 use super::kernels::{
     Epilogue, FusedAttention, FusedEmbeddings, FusedLinear, Isa, LinearFormat, NormParams,
@@ -294,9 +295,15 @@ impl FusedLayer {
         format: LinearFormat,
     ) -> candle_core::Result<Self> {
         let eps = c.layer_norm_eps;
+        // A bf16 layer's attention runs its products on the tiles too: the linear layers below
+        // refuse bf16 where there are none.
+        let tiles = match format {
+            LinearFormat::Bf16 => Amx::detect(),
+            LinearFormat::F32 | LinearFormat::Int8 => None,
+        };
         Ok(Self {
             qkv: FusedLinear::new(&l.qkv, Epilogue::None, isa, format)?,
-            attention: FusedAttention::new(l.heads, l.head_dim, isa),
+            attention: FusedAttention::new(l.heads, l.head_dim, isa, tiles),
             attn_out: FusedLinear::new(
                 &l.attn_out,
                 Epilogue::ResidualNorm(NormParams::from_layer_norm(&l.attn_norm, eps)?),
