@@ -21,6 +21,11 @@
 //!   added to the bias (and residual) into the output rows, and the row block's task hands its
 //!   rows to the layer's epilogue (GELU, LayerNorm) while they are in its core's cache, exactly
 //!   as the int8 path does ([`RowHooks`]).
+//! * **Attention** of a bf16 layer ([`super::kernels`] drives it): a head's keys and values are
+//!   packed once a sequence as B tiles, read in place out of the QKV rows
+//!   ([`Bf16Matrix::from_columns`] for `Kᵀ`, [`Bf16Matrix::from_rows`] for `V`), the queries
+//!   and then the softmax's weights are rounded into A rows ([`pack_rows_for`]), and
+//!   [`product_into`] writes the plain f32 sums of the same register blocks.
 //! * **int8** ([`int8_block`]): `tdpbusd` multiplies a 16×64 `u8` tile by a 64×16 `i8` one into
 //!   16×16 exact i32 sums, the same integers as `vpdpbusd`. The int8 path's weights are already
 //!   packed as its B tiles read them, so [`super::quant`] runs the same quantization, sums and
