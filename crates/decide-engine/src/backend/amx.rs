@@ -240,7 +240,7 @@ impl Bf16Matrix {
         match amx {
             // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
             #[cfg(target_arch = "x86_64")]
-            Some(_) => unsafe { x86::fill_lines_avx512(src, stride, k, n, &mut m.packed) },
+            Some(_) => unsafe { x86::fill_lines_avx512(src, stride, (k, n), &mut m.packed, false) },
             _ => fill_lines_generic(src, stride, k, n, &mut m.packed),
         }
         m
@@ -275,7 +275,7 @@ impl Bf16Matrix {
         #[cfg(target_arch = "x86_64")]
         unsafe {
             let _ = amx;
-            x86::fill_columns_avx512(src, stride, k, n, &mut m.packed)
+            x86::fill_lines_avx512(src, stride, (k, n), &mut m.packed, true)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -767,34 +767,24 @@ mod x86 {
         super::pack_rows_generic(x, k, kp, a)
     }
 
-    /// [`super::fill_lines_generic`] compiled for AVX-512, where the rounding vectorizes.
+    /// [`super::fill_lines_generic`], or [`super::fill_columns_generic`] where `by_columns`,
+    /// compiled for AVX-512, where the rounding vectorizes.
     ///
     /// # Safety
     /// AVX-512F and AVX-512BW must be available.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn fill_lines_avx512(
-        w_t: &[f32],
-        stride: usize,
-        k: usize,
-        n: usize,
-        packed: &mut [Line],
-    ) {
-        super::fill_lines_generic(w_t, stride, k, n, packed)
-    }
-
-    /// [`super::fill_columns_generic`] compiled for AVX-512, where the rounding vectorizes.
-    ///
-    /// # Safety
-    /// AVX-512F and AVX-512BW must be available.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn fill_columns_avx512(
         src: &[f32],
         stride: usize,
-        k: usize,
-        n: usize,
+        (k, n): (usize, usize),
         packed: &mut [Line],
+        by_columns: bool,
     ) {
-        super::fill_columns_generic(src, stride, k, n, packed)
+        if by_columns {
+            super::fill_columns_generic(src, stride, k, n, packed)
+        } else {
+            super::fill_lines_generic(src, stride, k, n, packed)
+        }
     }
 
     /// [`super::pack_rows_generic`] of strided rows, compiled for AVX-512.
