@@ -545,12 +545,12 @@ fn pack_rows(amx: Amx, x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
     #[cfg(target_arch = "x86_64")]
     unsafe {
         let _ = amx;
-        x86::pack_rows_avx512(x, k, kp, a)
+        x86::pack_strided_avx512(x, k, x.len() / k, k, kp, a)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = amx;
-        pack_rows_generic(x, k, kp, a)
+        pack_strided_generic(x, k, x.len() / k, k, kp, a)
     }
 }
 
@@ -687,12 +687,7 @@ fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-#[inline(always)]
-fn pack_rows_generic(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
-    pack_strided_generic(x, k, x.len() / k, k, kp, a)
-}
-
-/// [`pack_rows_generic`] of `rows` rows of `k` values, row `i` at `x[i · stride ..]`.
+/// [`pack_rows`]' loops, for `rows` rows of `k` values, row `i` at `x[i · stride ..]`.
 #[inline(always)]
 fn pack_strided_generic(
     x: &[f32],
@@ -758,15 +753,6 @@ mod x86 {
 
     use super::Line;
 
-    /// [`super::pack_rows_generic`] compiled for AVX-512, where the rounding vectorizes.
-    ///
-    /// # Safety
-    /// AVX-512F and AVX-512BW must be available.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn pack_rows_avx512(x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
-        super::pack_rows_generic(x, k, kp, a)
-    }
-
     /// [`super::fill_lines_generic`], or [`super::fill_columns_generic`] where `by_columns`,
     /// compiled for AVX-512, where the rounding vectorizes.
     ///
@@ -787,7 +773,7 @@ mod x86 {
         }
     }
 
-    /// [`super::pack_rows_generic`] of strided rows, compiled for AVX-512.
+    /// [`super::pack_strided_generic`] compiled for AVX-512, where the rounding vectorizes.
     ///
     /// # Safety
     /// AVX-512F and AVX-512BW must be available.
