@@ -959,7 +959,7 @@ impl Bf16Tiles {
     }
 
     /// `a (m × k) · wᵀ` for `w` (`n × k`, row-major: a linear layer's weight), plus `bias`:
-    /// [`product`](Self::product) of the transpose.
+    /// [`product`](Self::product) of the transpose, to the bit.
     pub fn product_t(
         &self,
         a: &[f32],
@@ -969,7 +969,9 @@ impl Bf16Tiles {
         bias: Option<&[f32]>,
     ) -> candle_core::Result<Vec<f32>> {
         Self::check(a, k, w, n, bias)?;
-        self.product(a, k, &transpose(w, n, k), n, bias)
+        // The weight's rows are its transpose's columns: packed from them in place, with no
+        // transposed copy.
+        self.run(a, &Bf16Matrix::from_columns(self.0, w, k, k, n), bias)
     }
 
     /// `a_tᵀ · b` for `a_t` (`k × m`, row-major) and `b` (`k × n`), as `m × n`, plus `bias`:
