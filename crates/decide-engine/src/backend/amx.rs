@@ -230,17 +230,27 @@ impl Bf16Matrix {
     /// in the loops compiled for AVX-512 that its detection proved (the rounding vectorizes
     /// there).
     fn pack_values(amx: Option<Amx>, w_t: &[f32], k: usize, n: usize) -> Self {
-        Self::strided(amx, w_t, n, k, n)
+        Self::strided(amx, w_t, n, (k, n), false)
     }
 
-    /// The `k × n` matrix whose row `kk` is `src[kk · stride ..][.. n]`, rounded and packed,
-    /// with `amx` in the loops compiled for AVX-512.
-    fn strided(amx: Option<Amx>, src: &[f32], stride: usize, k: usize, n: usize) -> Self {
+    /// The `k × n` matrix whose row `kk` is `src[kk · stride ..][.. n]` or, `by_columns`,
+    /// whose column `j` is `src[j · stride ..][.. k]`, rounded and packed, with `amx` in the
+    /// loops compiled for AVX-512.
+    fn strided(
+        amx: Option<Amx>,
+        src: &[f32],
+        stride: usize,
+        (k, n): (usize, usize),
+        by_columns: bool,
+    ) -> Self {
         let mut m = Self::zeros(k, n);
         match amx {
             // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
             #[cfg(target_arch = "x86_64")]
-            Some(_) => unsafe { x86::fill_lines_avx512(src, stride, (k, n), &mut m.packed, false) },
+            Some(_) => unsafe {
+                x86::fill_lines_avx512(src, stride, (k, n), &mut m.packed, by_columns)
+            },
+            _ if by_columns => fill_columns_generic(src, stride, k, n, &mut m.packed),
             _ => fill_lines_generic(src, stride, k, n, &mut m.packed),
         }
         m
@@ -263,26 +273,14 @@ impl Bf16Matrix {
     /// read in place out of a sequence's QKV rows.
     pub(crate) fn from_rows(amx: Amx, src: &[f32], stride: usize, k: usize, n: usize) -> Self {
         assert!(k == 0 || (k - 1) * stride + n <= src.len());
-        Self::strided(Some(amx), src, stride, k, n)
+        Self::strided(Some(amx), src, stride, (k, n), false)
     }
 
     /// The `k × n` matrix whose column `j` is `src[j · stride ..][.. k]`: one head's keys as
     /// the scores' `Kᵀ`, read in place out of a sequence's QKV rows.
     pub(crate) fn from_columns(amx: Amx, src: &[f32], stride: usize, k: usize, n: usize) -> Self {
         assert!(n == 0 || (n - 1) * stride + k <= src.len());
-        let mut m = Self::zeros(k, n);
-        // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            let _ = amx;
-            x86::fill_lines_avx512(src, stride, (k, n), &mut m.packed, true)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = amx;
-            fill_columns_generic(src, stride, k, n, &mut m.packed)
-        }
-        m
+        Self::strided(Some(amx), src, stride, (k, n), true)
     }
 
     /// `n` rounded up to whole panels: the width of the sums [`product_into`] writes.

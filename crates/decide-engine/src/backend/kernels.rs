@@ -524,6 +524,18 @@ mod generic {
         *out = acc;
     }
 
+    /// The additive mask over `l` keys (0 each without one), padded with "excluded" up to
+    /// `padded` keys.
+    #[inline(always)]
+    fn key_bias(mask: Option<&[f32]>, l: usize, padded: usize) -> Vec<f32> {
+        let mut bias = vec![f32::MIN; padded];
+        match mask {
+            Some(m) => bias[..l].copy_from_slice(m),
+            None => bias[..l].fill(0.0),
+        }
+        bias
+    }
+
     /// Scores, scale, mask, softmax and value product for the query rows
     /// `first_row..first_row + out.len() / hidden` of one sequence, all heads.
     #[inline(always)]
@@ -557,12 +569,7 @@ mod generic {
         let hidden = heads * d;
         let stride = 3 * hidden;
         let rows = out.len() / hidden;
-        // The additive mask over keys, padded with "excluded" up to lp.
-        let mut bias = vec![f32::MIN; lp];
-        match mask {
-            Some(m) => bias[..l].copy_from_slice(m),
-            None => bias[..l].fill(0.0),
-        }
+        let bias = key_bias(mask, l, lp);
         let mut q = vec![[0f32; R]; d];
         let mut s = vec![0f32; R * lp];
         let mut inv = [0f32; R];
@@ -658,11 +665,7 @@ mod generic {
             return;
         };
         let (np, dnp) = (k0.padded_n(), v0.padded_n());
-        let mut bias = vec![f32::MIN; np];
-        match mask {
-            Some(m) => bias[..l].copy_from_slice(m),
-            None => bias[..l].fill(0.0),
-        }
+        let bias = key_bias(mask, l, np);
         let mut lines = Vec::new();
         let mut s = vec![0f32; rows * np];
         let mut context = vec![0f32; rows * dnp];
