@@ -42,7 +42,7 @@
 //!
 //! * **Detection before use.** No tile instruction and no `#[target_feature]` function of this
 //!   module runs without an [`Amx`], which only [`Amx::detect`] makes, and only after CPUID
-//!   reported AMX-TILE, AMX-BF16, AVX-512F and AVX-512BW, the OS enabled the tile state in XCR0
+//!   reported AMX-TILE, AMX-BF16, AVX-512F, AVX-512BW and AVX-512 BF16, the OS enabled the tile state in XCR0
 //!   (bits 17 and 18, read with `xgetbv` after CPUID confirmed OSXSAVE), and Linux granted this
 //!   process the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` returned 0;
 //!   without it the first tile load is a fatal signal). The result is cached for the process:
@@ -110,8 +110,11 @@ impl Amx {
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn detect_and_request() -> bool {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
+    // AVX-512 BF16 (`vcvtne2ps2bf16`, which rounds activations to bf16) comes with every CPU
+    // that has AMX; it is checked all the same, since the packing relies on it.
     if !(std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw"))
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512bf16"))
     {
         return false;
     }
@@ -539,7 +542,7 @@ pub(crate) fn int8_block(
 /// Rounds the rows of `x` (`k` wide) into `a`: `kp / 32` lines a row, rows padded with zero
 /// rows to a multiple of [`MB`].
 fn pack_rows(amx: Amx, x: &[f32], k: usize, kp: usize, a: &mut Vec<Line>) {
-    // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
+    // SAFETY: an `Amx` exists only where detection found AVX-512F, AVX-512BW and AVX-512 BF16.
     #[cfg(target_arch = "x86_64")]
     unsafe {
         let _ = amx;
@@ -625,7 +628,7 @@ pub(crate) fn pack_rows_for(
     a: &mut Vec<Line>,
 ) {
     assert!(rows == 0 || (rows - 1) * stride + w.k <= x.len());
-    // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
+    // SAFETY: an `Amx` exists only where detection found AVX-512F, AVX-512BW and AVX-512 BF16.
     #[cfg(target_arch = "x86_64")]
     unsafe {
         let _ = amx;
@@ -685,7 +688,9 @@ fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-/// [`pack_rows`]' loops, for `rows` rows of `k` values, row `i` at `x[i · stride ..]`.
+/// [`pack_rows`]' loops, for `rows` rows of `k` values, row `i` at `x[i · stride ..]`: the
+/// portable code, and the reference of the x86 one in tests.
+#[cfg(any(test, not(target_arch = "x86_64")))]
 #[inline(always)]
 fn pack_strided_generic(
     x: &[f32],
@@ -771,11 +776,15 @@ mod x86 {
         }
     }
 
-    /// [`super::pack_strided_generic`] compiled for AVX-512, where the rounding vectorizes.
+    /// [`super::pack_strided_generic`] with `vcvtne2ps2bf16`, which rounds 32 values to bf16
+    /// in one instruction, to nearest with ties to even as [`super::to_bf16`] does (it reads
+    /// subnormal inputs as zero, as `tdpbf16ps` reads subnormal bf16 anyway). Each line is
+    /// written once: a row's last line through masked loads that read nothing past `k` and
+    /// give zeros, the padding rows zeroed.
     ///
     /// # Safety
-    /// AVX-512F and AVX-512BW must be available.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// AVX-512F, AVX-512BW and AVX-512 BF16 must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn pack_strided_avx512(
         x: &[f32],
         stride: usize,
@@ -784,7 +793,33 @@ mod x86 {
         kp: usize,
         a: &mut Vec<Line>,
     ) {
-        super::pack_strided_generic(x, stride, rows, k, kp, a)
+        use std::arch::x86_64::*;
+        use super::{MB, TK, ZERO_LINE};
+
+        let lines = kp / TK;
+        assert!(k <= kp && kp.is_multiple_of(TK));
+        assert!(rows == 0 || (rows - 1) * stride + k <= x.len());
+        a.resize(rows.div_ceil(MB) * MB * lines, ZERO_LINE);
+        a[rows * lines..].fill(ZERO_LINE);
+        let mask = |n: usize| ((1u32 << n.min(16)) - 1) as u16;
+        for (i, dst) in a.chunks_exact_mut(lines).take(rows).enumerate() {
+            let src = x[i * stride..i * stride + k].as_ptr();
+            for (c, line) in dst.iter_mut().enumerate() {
+                let left = k.saturating_sub(c * TK);
+                // SAFETY: the masks select the row's values `c·32 ..` up to `k` only (a masked
+                // lane is neither read nor able to fault, and `wrapping_add` forms no
+                // out-of-bounds pointer); `line` is 64 aligned bytes.
+                unsafe {
+                    let lo = _mm512_maskz_loadu_ps(mask(left), src.wrapping_add(c * TK));
+                    let hi = _mm512_maskz_loadu_ps(
+                        mask(left.saturating_sub(16)),
+                        src.wrapping_add(c * TK + 16),
+                    );
+                    let bf: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    _mm512_store_si512(line.0.as_mut_ptr() as *mut __m512i, bf);
+                }
+            }
+        }
     }
 
     /// [`super::copy_blocks_generic`] compiled for AVX-512.
@@ -1139,6 +1174,36 @@ mod tests {
         for x in values(3, 10_000, 100.0) {
             let r = from_bf16(to_bf16(x));
             assert!((r - x).abs() <= x.abs() / 256.0, "{x} -> {r}");
+        }
+    }
+
+    /// The activations' packing with `vcvtne2ps2bf16` gives the portable loop's lines, bit for
+    /// bit: ties to even both ways, NaN and infinities, rows with tails and strides wider than
+    /// `k`, padding rows zero, and a buffer reused from a larger product.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn row_packing_rounds_as_the_portable_loop() {
+        let Some(amx) = amx_or_skip("row_packing_rounds_as_the_portable_loop") else {
+            return;
+        };
+        let mut fast = Vec::new();
+        for (rows, k, stride) in [(40, 1536, 1536), (1, 1, 1), (3, 40, 45), (33, 384, 384), (5, 70, 100)] {
+            let mut x = values(rows as u64 + k as u64, (rows - 1) * stride + k, 4.0);
+            // Halfway between two bf16 values, below and above an even one; NaN; infinities.
+            let special = [0x3F80_8000, 0x3F81_8000, 0xBF80_8000, 0x7FC0_0000, 0x7F80_0000, 0xFF80_0000];
+            for (v, bits) in x.iter_mut().step_by(7).zip(special.iter().cycle()) {
+                *v = f32::from_bits(*bits);
+            }
+            let kp = k.div_ceil(TK) * TK;
+            let mut slow = Vec::new();
+            pack_strided_generic(&x, stride, rows, k, kp, &mut slow);
+            // SAFETY: an `Amx` exists only where detection found AVX-512F, AVX-512BW and
+            // AVX-512 BF16.
+            unsafe { x86::pack_strided_avx512(&x, stride, rows, k, kp, &mut fast) };
+            assert_eq!(fast.len(), slow.len());
+            for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+                assert_eq!(f.0, s.0, "rows {rows}, k {k}: line {i}");
+            }
         }
     }
 

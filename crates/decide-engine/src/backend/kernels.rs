@@ -444,7 +444,36 @@ mod generic {
             }
         }
         let tail = chunks.remainder().iter().fold(f32::MIN, |a, &b| a.max(b));
-        acc.iter().fold(tail, |a, &b| a.max(b))
+        halves(acc, f32::max).max(tail)
+    }
+
+    /// The sum of `x` in W lanes folded in halves: the same terms as [`sum`] in another order
+    /// (so not the same float), with a few shuffles in place of a chain of W dependent adds.
+    #[inline(always)]
+    fn sum_in_halves(x: &[f32]) -> f32 {
+        let mut acc = [0f32; W];
+        let mut chunks = x.chunks_exact(W);
+        for c in &mut chunks {
+            for t in 0..W {
+                acc[t] += c[t];
+            }
+        }
+        halves(acc, |a, b| a + b) + chunks.remainder().iter().sum::<f32>()
+    }
+
+    /// `acc`'s lanes combined pairwise, the upper half into the lower, W/2 then W/4 ... 1
+    /// lanes wide: vector shuffles where a left-to-right fold is W dependent scalar steps. For
+    /// `max`, any order gives the same value.
+    #[inline(always)]
+    fn halves(mut acc: [f32; W], f: impl Fn(f32, f32) -> f32) -> f32 {
+        let mut width = W / 2;
+        while width > 0 {
+            for t in 0..width {
+                acc[t] = f(acc[t], acc[t + width]);
+            }
+            width /= 2;
+        }
+        acc[0]
     }
 
     /// LayerNorm of each row of `x` (rows of `gamma.len()`), in place; two passes over the row
@@ -682,7 +711,7 @@ mod generic {
                 for x in row.iter_mut() {
                     *x = exp::<FMA>(*x - m);
                 }
-                *inv = 1.0 / sum(row);
+                *inv = 1.0 / sum_in_halves(row);
             }
             pack_rows_for(amx, &s, np, rows, values, &mut lines);
             product_into(amx, &lines, rows, values, &mut context);
