@@ -248,7 +248,8 @@ impl Bf16Matrix {
     ) -> Self {
         let mut m = Self::zeros(k, n);
         match amx {
-            // SAFETY: an `Amx` exists only where detection found AVX-512F and AVX-512BW.
+            // SAFETY: an `Amx` exists only where detection found AVX-512F, AVX-512BW and
+            // AVX-512 BF16.
             #[cfg(target_arch = "x86_64")]
             Some(_) => unsafe {
                 x86::fill_lines_avx512(src, stride, (k, n), &mut m.packed, by_columns)
@@ -757,11 +758,11 @@ mod x86 {
     use super::Line;
 
     /// [`super::fill_lines_generic`], or [`super::fill_columns_generic`] where `by_columns`,
-    /// compiled for AVX-512, where the rounding vectorizes.
+    /// with AVX-512 BF16's rounding.
     ///
     /// # Safety
-    /// AVX-512F and AVX-512BW must be available.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// AVX-512F, AVX-512BW and AVX-512 BF16 must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn fill_lines_avx512(
         src: &[f32],
         stride: usize,
@@ -770,9 +771,104 @@ mod x86 {
         by_columns: bool,
     ) {
         if by_columns {
-            super::fill_columns_generic(src, stride, k, n, packed)
+            fill_columns(src, stride, (k, n), packed)
         } else {
-            super::fill_lines_generic(src, stride, k, n, packed)
+            fill_lines(src, stride, (k, n), packed)
+        }
+    }
+
+    /// Lanes of the first `n` (at most 16) values.
+    #[inline(always)]
+    fn first(n: usize) -> u16 {
+        ((1u32 << n.min(16)) - 1) as u16
+    }
+
+    /// [`super::fill_lines_generic`] with `vcvtne2ps2bf16`: a line is two inputs' 16 columns,
+    /// each a masked load (nothing read past `n`, zeros past `k`), rounded together and
+    /// interleaved by one permutation.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn fill_lines(src: &[f32], stride: usize, (k, n): (usize, usize), packed: &mut [Line]) {
+        use super::{PANEL, TILE_LINES, TK, TN};
+        use std::arch::x86_64::*;
+
+        let blocks = k.max(1).div_ceil(TK);
+        assert!(k == 0 || n == 0 || (k - 1) * stride + n <= src.len());
+        assert!(packed.len() >= n.max(1).div_ceil(PANEL) * blocks * 2 * TILE_LINES);
+        // Lane 2c takes column c of the first input (u16 lanes 0..16 of the rounding), lane
+        // 2c + 1 the same column of the second (lanes 16..32).
+        let interleave = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        let mut lines = packed.iter_mut();
+        for p in 0..n.max(1).div_ceil(PANEL) {
+            for b in 0..blocks {
+                for t in 0..2 {
+                    let j0 = p * PANEL + t * TN;
+                    let columns = first(n.saturating_sub(j0));
+                    for r in 0..TILE_LINES {
+                        let line = lines.next().expect("one line per (panel, block, tile, r)");
+                        let kk = b * TK + 2 * r;
+                        let lanes = |kk: usize| if kk < k { columns } else { 0 };
+                        let at = src.as_ptr().wrapping_add(kk * stride + j0);
+                        // SAFETY: the lanes are columns j0.. below `n` of inputs below `k`
+                        // (asserted within `src`); a masked lane is not read, and
+                        // `wrapping_add` forms no out-of-bounds pointer.
+                        let (x0, x1) = unsafe {
+                            (
+                                _mm512_maskz_loadu_ps(lanes(kk), at),
+                                _mm512_maskz_loadu_ps(lanes(kk + 1), at.wrapping_add(stride)),
+                            )
+                        };
+                        let pairs: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(x1, x0));
+                        let pairs = _mm512_permutexvar_epi16(interleave, pairs);
+                        // SAFETY: `line` is 64 aligned bytes.
+                        unsafe { _mm512_store_si512(line.0.as_mut_ptr() as *mut __m512i, pairs) };
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`super::fill_columns_generic`] with `vcvtne2ps2bf16`: a column's 32 inputs of a block,
+    /// rounded together, are the 16 pairs its tile's 16 lines hold, scattered to them.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn fill_columns(
+        src: &[f32],
+        stride: usize,
+        (k, n): (usize, usize),
+        packed: &mut [Line],
+    ) {
+        use super::{PANEL, TILE_LINES, TK, TN};
+        use std::arch::x86_64::*;
+
+        let blocks = k.max(1).div_ceil(TK);
+        assert!(k == 0 || n == 0 || (n - 1) * stride + k <= src.len());
+        assert!(packed.len() >= n.max(1).div_ceil(PANEL) * blocks * 2 * TILE_LINES);
+        // Line r of a tile starts 16 u32 after line r - 1.
+        let lines = _mm512_set_epi32(
+            240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0,
+        );
+        for j in 0..n {
+            let (p, t, c) = (j / PANEL, (j % PANEL) / TN, j % TN);
+            for b in 0..blocks {
+                let left = k.saturating_sub(b * TK);
+                let at = src.as_ptr().wrapping_add(j * stride + b * TK);
+                // SAFETY: the lanes are inputs b·32.. below `k` of column j below `n`
+                // (asserted within `src`); a masked lane is not read.
+                let (lo, hi) = unsafe {
+                    (
+                        _mm512_maskz_loadu_ps(first(left), at),
+                        _mm512_maskz_loadu_ps(first(left.saturating_sub(16)), at.wrapping_add(16)),
+                    )
+                };
+                let pairs: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                let tile = ((p * blocks + b) * 2 + t) * TILE_LINES;
+                let base = packed[tile..tile + TILE_LINES].as_mut_ptr() as *mut i32;
+                // SAFETY: the 16 offsets are u32 c of each of the tile's 16 lines, within the
+                // slice just taken.
+                unsafe { _mm512_i32scatter_epi32::<4>(base.add(c), lines, pairs) };
+            }
         }
     }
 
@@ -793,8 +889,8 @@ mod x86 {
         kp: usize,
         a: &mut Vec<Line>,
     ) {
-        use std::arch::x86_64::*;
         use super::{MB, TK, ZERO_LINE};
+        use std::arch::x86_64::*;
 
         let lines = kp / TK;
         assert!(k <= kp && kp.is_multiple_of(TK));
@@ -1183,14 +1279,27 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn row_packing_rounds_as_the_portable_loop() {
-        let Some(amx) = amx_or_skip("row_packing_rounds_as_the_portable_loop") else {
+        if amx_or_skip("row_packing_rounds_as_the_portable_loop").is_none() {
             return;
-        };
+        }
         let mut fast = Vec::new();
-        for (rows, k, stride) in [(40, 1536, 1536), (1, 1, 1), (3, 40, 45), (33, 384, 384), (5, 70, 100)] {
+        for (rows, k, stride) in [
+            (40, 1536, 1536),
+            (1, 1, 1),
+            (3, 40, 45),
+            (33, 384, 384),
+            (5, 70, 100),
+        ] {
             let mut x = values(rows as u64 + k as u64, (rows - 1) * stride + k, 4.0);
             // Halfway between two bf16 values, below and above an even one; NaN; infinities.
-            let special = [0x3F80_8000, 0x3F81_8000, 0xBF80_8000, 0x7FC0_0000, 0x7F80_0000, 0xFF80_0000];
+            let special = [
+                0x3F80_8000,
+                0x3F81_8000,
+                0xBF80_8000,
+                0x7FC0_0000,
+                0x7F80_0000,
+                0xFF80_0000,
+            ];
             for (v, bits) in x.iter_mut().step_by(7).zip(special.iter().cycle()) {
                 *v = f32::from_bits(*bits);
             }
@@ -1228,7 +1337,7 @@ mod tests {
         }
         // A head's values and keys, read in place out of wider rows (stride 70).
         if let Some(amx) = Amx::detect() {
-            for (k, n) in [(1, 1), (33, 17), (64, 32), (40, 70)] {
+            for (k, n) in [(1, 1), (33, 17), (64, 32), (40, 70), (70, 33)] {
                 let src = values(7 + k as u64, 70 * k.max(n), 1.0);
                 let rows = Bf16Matrix::from_rows(amx, &src, 70, k, n);
                 let columns = Bf16Matrix::from_columns(amx, &src, 70, k, n);
@@ -1241,6 +1350,15 @@ mod tests {
                 for m in [&rows, &columns] {
                     let nonzero = m.packed.iter().flat_map(|l| l.0).filter(|&v| v != 0);
                     assert!(nonzero.count() <= k * n);
+                }
+                // The vectorized packing is the portable one, line for line, either way.
+                for by_columns in [false, true] {
+                    let fast = Bf16Matrix::strided(Some(amx), &src, 70, (k, n), by_columns);
+                    let slow = Bf16Matrix::strided(None, &src, 70, (k, n), by_columns);
+                    assert!(
+                        fast.packed == slow.packed,
+                        "{k} × {n}, by columns {by_columns}"
+                    );
                 }
             }
         }
