@@ -14,7 +14,9 @@
 //! * **Activations** are rounded to bf16 (to nearest, ties to even, as PyTorch and oneDNN do)
 //!   row by row when a task starts, into rows of `kp` values padded with zeros, and the rows to
 //!   a multiple of [`MB`] with zero rows: every tile load reads real memory, and a padded row or
-//!   input adds nothing.
+//!   input adds nothing. On x86 this rounding, and the weights', is AVX-512 BF16's
+//!   `vcvtne2ps2bf16`, 32 values an instruction; it reads subnormal inputs as zero, which
+//!   changes no product, since `tdpbf16ps` reads subnormal bf16 as zero.
 //! * **Products** run in register blocks of 32 rows × 32 columns: two A tiles and two B tiles
 //!   feed four accumulator tiles, which take all of `k` before they are stored, in f32, once;
 //!   a block of at most 16 rows uses one A tile and two accumulators. The block's sums are then
