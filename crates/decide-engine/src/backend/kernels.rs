@@ -403,9 +403,10 @@ mod generic {
         }
     }
 
-    /// The sum of `x`, in W lanes (a sequential f32 sum would not vectorize).
+    /// `x` added into W lanes (a sequential f32 sum would not vectorize), and the sum of the
+    /// values past the last whole W.
     #[inline(always)]
-    fn sum(x: &[f32]) -> f32 {
+    fn lane_sums(x: &[f32]) -> ([f32; W], f32) {
         let mut acc = [0f32; W];
         let mut chunks = x.chunks_exact(W);
         for c in &mut chunks {
@@ -413,7 +414,14 @@ mod generic {
                 acc[t] += c[t];
             }
         }
-        acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+        (acc, chunks.remainder().iter().sum::<f32>())
+    }
+
+    /// The sum of `x`, its lanes added left to right.
+    #[inline(always)]
+    fn sum(x: &[f32]) -> f32 {
+        let (acc, tail) = lane_sums(x);
+        acc.iter().sum::<f32>() + tail
     }
 
     #[inline(always)]
@@ -451,14 +459,8 @@ mod generic {
     /// (so not the same float), with a few shuffles in place of a chain of W dependent adds.
     #[inline(always)]
     fn sum_in_halves(x: &[f32]) -> f32 {
-        let mut acc = [0f32; W];
-        let mut chunks = x.chunks_exact(W);
-        for c in &mut chunks {
-            for t in 0..W {
-                acc[t] += c[t];
-            }
-        }
-        halves(acc, |a, b| a + b) + chunks.remainder().iter().sum::<f32>()
+        let (acc, tail) = lane_sums(x);
+        halves(acc, |a, b| a + b) + tail
     }
 
     /// `acc`'s lanes combined pairwise, the upper half into the lower, W/2 then W/4 ... 1
