@@ -44,10 +44,10 @@
 //!
 //! * **Detection before use.** No tile instruction and no `#[target_feature]` function of this
 //!   module runs without an [`Amx`], which only [`Amx::detect`] makes, and only after CPUID
-//!   reported AMX-TILE, AMX-BF16, AVX-512F, AVX-512BW and AVX-512 BF16, the OS enabled the tile state in XCR0
-//!   (bits 17 and 18, read with `xgetbv` after CPUID confirmed OSXSAVE), and Linux granted this
-//!   process the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` returned 0;
-//!   without it the first tile load is a fatal signal). The result is cached for the process:
+//!   reported AMX-TILE, AMX-BF16, AVX-512F, AVX-512BW and AVX-512 BF16, the OS enabled the
+//!   tile state in XCR0 (bits 17 and 18, read with `xgetbv` after CPUID confirmed OSXSAVE),
+//!   and Linux granted this process the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+//!   XFEATURE_XTILEDATA)` returned 0; without it the first tile load is a fatal signal). The result is cached for the process:
 //!   the permission is per process and is never withdrawn. Other operating systems get no
 //!   `Amx`.
 //! * **Tile configuration.** Tiles must be configured on each thread before use, and another
@@ -899,7 +899,6 @@ mod x86 {
         assert!(rows == 0 || (rows - 1) * stride + k <= x.len());
         a.resize(rows.div_ceil(MB) * MB * lines, ZERO_LINE);
         a[rows * lines..].fill(ZERO_LINE);
-        let mask = |n: usize| ((1u32 << n.min(16)) - 1) as u16;
         for (i, dst) in a.chunks_exact_mut(lines).take(rows).enumerate() {
             let src = x[i * stride..i * stride + k].as_ptr();
             for (c, line) in dst.iter_mut().enumerate() {
@@ -908,9 +907,9 @@ mod x86 {
                 // lane is neither read nor able to fault, and `wrapping_add` forms no
                 // out-of-bounds pointer); `line` is 64 aligned bytes.
                 unsafe {
-                    let lo = _mm512_maskz_loadu_ps(mask(left), src.wrapping_add(c * TK));
+                    let lo = _mm512_maskz_loadu_ps(first(left), src.wrapping_add(c * TK));
                     let hi = _mm512_maskz_loadu_ps(
-                        mask(left.saturating_sub(16)),
+                        first(left.saturating_sub(16)),
                         src.wrapping_add(c * TK + 16),
                     );
                     let bf: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
