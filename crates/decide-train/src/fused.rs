@@ -1,16 +1,15 @@
-//! The trainer's LayerNorm, attention softmax and GELU as single CPU ops with their own
-//! backward.
+//! The trainer's LayerNorm and GELU as single CPU ops with their own backward.
 //!
 //! Spelled out in candle's basic ops, a LayerNorm is nine passes over its input forward and
-//! about twenty backward, each allocating a tensor, the attention softmax with its scale and
-//! mask eight more, and GELU's backward half a dozen with a library `erf` per value; on the CPU
-//! those passes, not the matrix products, took most of a training step. These ops make one
-//! pass a row forward and one backward, over rows in parallel. Their sums run in a fixed order
-//! (a row's in order, and the LayerNorm's weight gradients chunk by chunk, the chunks added in
-//! order), so the same seed still gives the same weights. Other devices keep the basic ops,
-//! which these are tested against.
+//! about twenty backward, each allocating a tensor, and GELU's backward half a dozen with a
+//! library `erf` per value; on the CPU those passes, not the matrix products, took most of a
+//! training step. These ops make one pass a row forward and one backward, over rows in
+//! parallel. Their sums run in a fixed order (a row's in order, and the LayerNorm's weight
+//! gradients chunk by chunk, the chunks added in order), so the same seed still gives the same
+//! weights. Other devices keep the basic ops, which these are tested against. The attention,
+//! softmax included, is one op of its own (module `attention`).
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
 /// Rows a task of the LayerNorm's backward takes: its weight gradients are summed a chunk at
@@ -151,89 +150,6 @@ impl LayerNorm {
     }
 }
 
-/// The attention's probabilities: `softmax(scale · scores + mask)` over the last dimension of
-/// `scores` (batch, heads, queries, keys), with the additive `mask` (batch, 1, 1, keys) of
-/// the padding. Inputs `(scores, mask)`; the mask gets no gradient.
-pub(crate) struct MaskedSoftmax {
-    pub scale: f32,
-}
-
-impl CustomOp2 for MaskedSoftmax {
-    fn name(&self) -> &'static str {
-        "fused-masked-softmax"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let scores = slice(self.name(), s1, l1)?;
-        let mask = slice(self.name(), s2, l2)?;
-        let (b, heads, queries, keys) = l1.shape().dims4()?;
-        if l2.shape().dims() != [b, 1, 1, keys] {
-            candle_core::bail!(
-                "{}: mask {:?} for scores {:?}",
-                self.name(),
-                l2.shape(),
-                l1.shape()
-            );
-        }
-        let mut p = vec![0f32; scores.len()];
-        let per_text = heads * queries * keys;
-        p.par_chunks_mut(keys)
-            .zip(scores.par_chunks(keys))
-            .enumerate()
-            .for_each(|(row, (p, s))| {
-                let m = &mask[row * keys / per_text * keys..][..keys];
-                let mut top = f32::NEG_INFINITY;
-                for ((p, s), m) in p.iter_mut().zip(s).zip(m) {
-                    *p = s * self.scale + m;
-                    top = top.max(*p);
-                }
-                let mut sum = 0f32;
-                for p in p.iter_mut() {
-                    *p = (*p - top).exp();
-                    sum += *p;
-                }
-                let inv = 1.0 / sum;
-                p.iter_mut().for_each(|p| *p *= inv);
-            });
-        Ok((CpuStorage::F32(p), l1.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        scores: &Tensor,
-        _mask: &Tensor,
-        probs: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let keys = scores.dim(candle_core::D::Minus1)?;
-        let ds = with_values(probs, |p| {
-            with_values(grad, |g| {
-                let mut ds = vec![0f32; p.len()];
-                ds.par_chunks_mut(keys)
-                    .zip(p.par_chunks(keys))
-                    .zip(g.par_chunks(keys))
-                    .for_each(|((ds, p), g)| {
-                        let dot: f32 = p.iter().zip(g).map(|(p, g)| p * g).sum();
-                        for ((d, p), g) in ds.iter_mut().zip(p).zip(g) {
-                            *d = self.scale * p * (g - dot);
-                        }
-                    });
-                Ok(ds)
-            })
-        })?;
-        Ok((
-            Some(Tensor::from_vec(ds, scores.shape(), scores.device())?),
-            None,
-        ))
-    }
-}
-
 /// Rows of this many values are one task of the element-wise ops.
 const CHUNK: usize = 16 * 1024;
 
@@ -330,7 +246,7 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::{flat, gap, values};
+    use super::testing::{gap, values};
     use super::*;
     use candle_core::{Device, Var, D};
 
@@ -385,40 +301,6 @@ mod tests {
         );
         let again = run(true);
         assert_eq!(gap(&fused.1, &again.1) + gap(&fused.2, &again.2), 0.0);
-    }
-
-    /// The fused masked softmax and its gradient against scale, mask and candle_nn's softmax
-    /// in basic ops, with padded keys in the mask.
-    #[test]
-    fn fused_masked_softmax_is_the_basic_ops_softmax() {
-        let d = Device::Cpu;
-        let (b, heads, l, scale) = (3, 2, 7, 0.35f32);
-        let s = Var::from_vec(values(5, b * heads * l * l, 4.0), (b, heads, l, l), &d).unwrap();
-        let mut m = vec![0f32; b * l];
-        m[l - 1] = -1e4;
-        m[2 * l - 3..2 * l].iter_mut().for_each(|v| *v = -1e4);
-        let mask = Tensor::from_vec(m, (b, 1, 1, l), &d).unwrap();
-        let up = Tensor::from_vec(values(6, b * heads * l * l, 1.0), (b, heads, l, l), &d).unwrap();
-        let run = |fused: bool| {
-            let p = if fused {
-                s.apply_op2(&mask, MaskedSoftmax { scale }).unwrap()
-            } else {
-                let x = (s.as_tensor() * scale as f64)
-                    .unwrap()
-                    .broadcast_add(&mask)
-                    .unwrap();
-                candle_nn::ops::softmax(&x, D::Minus1).unwrap()
-            };
-            let grads = (&p * &up).unwrap().sum_all().unwrap().backward().unwrap();
-            (p, grads.get(s.as_tensor()).unwrap().clone())
-        };
-        let (p, ds) = run(true);
-        let (p0, ds0) = run(false);
-        assert!(gap(&p, &p0) < 1e-6, "p {}", gap(&p, &p0));
-        assert!(gap(&ds, &ds0) < 1e-6, "ds {}", gap(&ds, &ds0));
-        // Padded keys get no weight and no gradient.
-        let row = flat(&p.get(1).unwrap().get(0).unwrap().get(0).unwrap());
-        assert!(row[l - 3..].iter().all(|&v| v < 1e-30));
     }
 
     /// The fused GELU and its gradient against candle's `gelu_erf` and its autograd, over

@@ -27,9 +27,9 @@
 //!   an offset, its pairs and its hard-negative pool per case in memory, not the texts.
 //! * **Optimiser**: AdamW, linear warm-up then linear decay to zero, gradients clipped by their
 //!   global norm.
-//! * **Fused CPU ops** (module `fused`): on the CPU the LayerNorms, the attention's masked
-//!   softmax and GELU are single ops with their own backward, tested against the basic ops other
-//!   devices run.
+//! * **Fused CPU ops** (modules `fused` and `attention`): on the CPU the LayerNorms, GELU and
+//!   each layer's whole attention (heads, masked softmax, dropout and both products) are single
+//!   ops with their own backward, tested against the basic ops other devices run.
 //! * **bf16 on AMX** ([`Trainer::on_tiles`]): on a CPU with AMX the linear layers' products,
 //!   forward and backward, can run in bf16 on the tiles (module `tiles`), with f32 weights,
 //!   gradients and optimiser state; the rest of the graph stays f32.
@@ -38,8 +38,8 @@
 //!
 //! The crate's modules follow its jobs: `config` (the hyper-parameters and head), `data` (the
 //! cases and the texts as token rows; all tokenizing and trimming is there), `model` (the
-//! differentiable encoder; its CPU ops with their own backward in `fused`, its linear layers on
-//! AMX tiles in `tiles`), `trainer` (an epoch: mining, steps, the frozen layers' cache), `run`
+//! differentiable encoder; its CPU ops with their own backward in `fused` and `attention`, its
+//! linear layers on AMX tiles in `tiles`), `trainer` (an epoch: mining, steps, the frozen layers' cache), `run`
 //! (the whole run: epochs, checkpoints, the calibration fit, the best epoch kept, patience) and
 //! `export` (the model folder and its manifest, written through [`decide_engine::Manifest`]).
 //!
@@ -49,6 +49,7 @@
 //! writing.
 #![deny(missing_docs)]
 
+mod attention;
 mod config;
 mod data;
 mod error;

@@ -12,9 +12,10 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor, Var, D};
 use decide_engine::{Activation, Bf16Tiles, EncoderConfig, Family};
 
+use crate::attention::Attention;
 use crate::config::TrainHead;
 use crate::error::{Result, TrainError};
-use crate::fused::{Gelu, LayerNorm, MaskedSoftmax};
+use crate::fused::{Gelu, LayerNorm};
 use crate::tiles::TileLinear;
 
 /// A seeded generator (SplitMix64): the same seed gives the same shuffles, hard negatives and
@@ -201,18 +202,25 @@ impl Bert {
     /// Inverted dropout with a mask from the seeded generator; the identity when `rng` is
     /// `None` (evaluation) or `p` is 0.
     fn dropout(&self, x: &Tensor, p: f32, rng: &mut Option<&mut Rng>) -> Result<Tensor> {
-        let Some(rng) = rng.as_deref_mut() else {
-            return Ok(x.clone());
-        };
+        match Self::dropout_multipliers(x.elem_count(), p, rng) {
+            Some(mask) => Ok(x.mul(&Tensor::from_vec(mask, x.shape(), &self.device)?)?),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// Inverted dropout's multipliers for `n` values (each 0 or `1 / (1 - p)`), drawn in order
+    /// from the seeded generator; `None` when `rng` is `None` or `p` is 0.
+    fn dropout_multipliers(n: usize, p: f32, rng: &mut Option<&mut Rng>) -> Option<Vec<f32>> {
+        let rng = rng.as_deref_mut()?;
         if p <= 0.0 {
-            return Ok(x.clone());
+            return None;
         }
         let keep = 1.0 / (1.0 - p);
-        let mask: Vec<f32> = (0..x.elem_count())
-            .map(|_| if rng.next_f32() < p { 0.0 } else { keep })
-            .collect();
-        let mask = Tensor::from_vec(mask, x.shape(), &self.device)?;
-        Ok(x.mul(&mask)?)
+        Some(
+            (0..n)
+                .map(|_| if rng.next_f32() < p { 0.0 } else { keep })
+                .collect(),
+        )
     }
 
     /// The embedding layer's output (B, L, hidden) of padded `ids` (B, L) with, for pairs,
@@ -277,20 +285,26 @@ impl Bert {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = split(self.linear(x, &format!("{pre}.attention.self.query"))?)?;
-        let k = split(self.linear(x, &format!("{pre}.attention.self.key"))?)?;
-        let v = split(self.linear(x, &format!("{pre}.attention.self.value"))?)?;
-        let probs = if self.device.is_cpu() {
-            let scale = scale as f32;
-            q.matmul(&k.t()?)?
-                .apply_op2(bias, MaskedSoftmax { scale })?
+        let q = self.linear(x, &format!("{pre}.attention.self.query"))?;
+        let k = self.linear(x, &format!("{pre}.attention.self.key"))?;
+        let v = self.linear(x, &format!("{pre}.attention.self.value"))?;
+        let ctx = if self.device.is_cpu() {
+            let op = Attention {
+                heads,
+                scale: scale as f32,
+                mask: bias.flatten_all()?.to_vec1::<f32>()?,
+                dropout: Self::dropout_multipliers(b * heads * l * l, p, rng),
+            };
+            q.contiguous()?
+                .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?
         } else {
+            let (q, k, v) = (split(q)?, split(k)?, split(v)?);
             let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
             // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
-            candle_nn::ops::softmax(&scores, D::Minus1)?
+            let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+            let probs = self.dropout(&probs, p, rng)?;
+            probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?
         };
-        let probs = self.dropout(&probs, p, rng)?;
-        let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, h))?;
         let attn = self.linear(&ctx, &format!("{pre}.attention.output.dense"))?;
         let attn = self.dropout(&attn, p, rng)?;
         let x1 = self.layer_norm(&(attn + x)?, &format!("{pre}.attention.output.LayerNorm"))?;
