@@ -39,9 +39,9 @@
 //! The crate's modules follow its jobs: `config` (the hyper-parameters and head), `data` (the
 //! cases and the texts as token rows; all tokenizing and trimming is there), `model` (the
 //! differentiable encoder; its CPU ops with their own backward in `fused` and `attention`, its
-//! linear layers on AMX tiles in `tiles`), `trainer` (an epoch: mining, steps, the frozen layers' cache), `run`
-//! (the whole run: epochs, checkpoints, the calibration fit, the best epoch kept, patience) and
-//! `export` (the model folder and its manifest, written through [`decide_engine::Manifest`]).
+//! linear layers on AMX tiles in `tiles`), `trainer` (an epoch: mining, steps, the frozen
+//! layers' cache), `run` (the whole run: epochs, checkpoints, the calibration fit, the best epoch
+//! kept, patience) and `export` (the model folder and its manifest, written through [`decide_engine::Manifest`]).
 //!
 //! The command (`decide train`) reads and checks the data and, through a [`RunObserver`],
 //! scores the held-out cases for each checkpoint's calibration, measures it, shows the progress

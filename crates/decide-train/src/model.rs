@@ -280,11 +280,6 @@ impl Bert {
         let hd = h / heads;
         let scale = 1.0 / (hd as f64).sqrt();
         let pre = format!("encoder.layer.{i}");
-        let split = |t: Tensor| -> Result<Tensor> {
-            Ok(t.reshape((b, l, heads, hd))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
         let q = self.linear(x, &format!("{pre}.attention.self.query"))?;
         let k = self.linear(x, &format!("{pre}.attention.self.key"))?;
         let v = self.linear(x, &format!("{pre}.attention.self.value"))?;
@@ -298,6 +293,11 @@ impl Bert {
             q.contiguous()?
                 .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?
         } else {
+            let split = |t: Tensor| -> Result<Tensor> {
+                Ok(t.reshape((b, l, heads, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?)
+            };
             let (q, k, v) = (split(q)?, split(k)?, split(v)?);
             let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
             // The generic softmax is built from basic ops; `softmax_last_dim` has no backward.
