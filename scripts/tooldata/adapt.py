@@ -31,6 +31,10 @@ catalogue as `tools` and a `source` field), so the stage's recipe is chosen by c
 the tuning parts. No report part is read; the models/calibration cases stay out of training, to fit
 the calibration on conversations the model never saw.
 
+With `--servers`, every tool of a `--mcp` or tuning catalogue that names its server keeps it
+(`"_meta": {"server": ...}`), for a model that reads a tool with its server's name
+(`decide train --tool-server true`); without it the lines are what they were before the option.
+
 Deterministic: the same inputs, options and seed give byte-identical files.
 """
 
@@ -57,7 +61,7 @@ def mcp_sets(inputs: Inputs, args) -> list[tuple[str, list[dict], list[dict]]]:
     held = held_back_words(inputs, args) if args.mcp else []
     sets = []
     for source, cases_path, cases_label, catalogue_path, catalogue_label in parts:
-        catalogue = inputs.catalogue(catalogue_path, catalogue_label)
+        catalogue = inputs.catalogue(catalogue_path, catalogue_label, servers=args.servers)
         cases = inputs.cases(cases_path, cases_label)
         if source.startswith("mcp"):
             check_not_near_copies(cases_path, cases, held)
@@ -120,6 +124,8 @@ def main(argv: list[str]) -> int:
                         help="more MCP conversations against a catalogue, repeated like the tuning parts (repeat)")
     parser.add_argument("--held-back", action="append", default=[], metavar="CASES.jsonl",
                         help="conversations never trained on (besides the report parts), which no --mcp case may copy")
+    parser.add_argument("--servers", action="store_true",
+                        help="keep each catalogue tool's _meta.server, for a model that reads servers")
     parser.add_argument("--folds", type=int, default=0, help="deal the MCP cases into this many folds")
     parser.add_argument("--fold", type=int, default=0, help="the fold held out (0-based)")
     args = parser.parse_args(argv)

@@ -9,7 +9,9 @@
       [scoring] and [training] from TRAINED_MANIFEST (the manifest `decide train` wrote; the
       [training] keys that hold paths on this machine, such as data and eval, are dropped, their
       sha256 kept; --tool-parameters, or TRAINED_MANIFEST's own, adds `tool_parameters = true`:
-      the model reads a tool as `name: description (argument names)`), with each --earlier
+      the model reads a tool as `name: description (argument names)`; TRAINED_MANIFEST's
+      `tool_server` is kept: the model reads a named server's tool as `name: [server]
+      description`), with each --earlier
       STAGE_MANIFEST (repeated, oldest first) that stage's [training] as [training.stage1],
       [training.stage2], [build] naming BASE and DELTA_FILE's file name with its sha256, and [files]:
       the sha256 of every file in ASSEMBLED_DIR.
@@ -57,7 +59,7 @@ PLACEHOLDER = "placeholder of scripts/tooldata/manifest.py --template: run decid
 TOP_KEYS = {"name", "hf_id", "revision", "architecture", "head", "max_length", "license",
             "calibration", "scoring", "training", "build", "conformal", "needs_tool", "files"}
 TABLE_KEYS = {
-    "scoring": {"lexical_weight", "tool_parameters"},
+    "scoring": {"lexical_weight", "tool_parameters", "tool_server"},
     "calibration": {"a", "b"},
     "build": {"base", "delta", "delta_sha256"},
     "conformal": {"needed_probabilities", "cases", "source"},
@@ -274,6 +276,9 @@ def template(args) -> str:
     if not isinstance(tool_parameters, bool):
         raise Fail(f"{args.trained}: scoring.tool_parameters is not true or false")
     tool_parameters = tool_parameters or args.tool_parameters
+    tool_server = scoring.get("tool_server", False)
+    if not isinstance(tool_server, bool):
+        raise Fail(f"{args.trained}: scoring.tool_server is not true or false")
     calibration = trained.get("calibration") or {"a": 1.0, "b": 0.0}
     try:
         a, b = float(calibration["a"]), float(calibration["b"])
@@ -310,8 +315,11 @@ def template(args) -> str:
            "and multi-turn cases, with a replay of those cases"
            if earlier is not None else "")
         + ("; then, from that model, on conversations written for real MCP servers of the official "
-           "registry that no report part holds (scripts/tooldata/written), with a replay."
-           if len(stages) > 1 else "."),
+           "registry that no report part holds (scripts/tooldata/written), with a replay"
+           if len(stages) > 1 else "")
+        + ("; then, from that model, on the same conversations with each tool of a named server "
+           "read with the server's name, as the model reads them."
+           if len(stages) > 2 else "."),
         f"Built, not downloaded: the repository keeps only the trained tensors, as {storage}, "
         f"in {delta_name}; models/fetch fetches the base and runs "
         "`models/build.py assemble` (see [build]), then checks every file against [files]. "
@@ -363,6 +371,13 @@ def template(args) -> str:
             "A tool is read as `name: description (its argument names)`, as it was when this",
             "model was chosen and calibrated.",
         ]
+    if tool_server:
+        scoring_items.append(("tool_server", True))
+        scoring_comment += [
+            "A tool of a named server (an MCP catalogue's `_meta.server`) is read with the",
+            "server's name in brackets before its description, `name: [slack] description`,",
+            "as it was trained.",
+        ]
     text += table("scoring", scoring_items, scoring_comment, args.trained)
     text += table("calibration", [("a", a), ("b", b)], [
         "Platt scaling of the raw score: P = sigmoid(a * score + b), fitted by `decide calibrate`",
@@ -389,6 +404,17 @@ def template(args) -> str:
             "The second stage, on MCP conversations; the table above is the third, which started",
             "from this one's model.",
         ], args.earlier[1])
+    elif len(stages) == 3:
+        text += table("training.stage1", stages[0], [
+            "The first stage, on the general sets; the second started from its model.",
+        ], args.earlier[0])
+        text += table("training.stage2", stages[1], [
+            "The second stage, on MCP conversations; the third started from its model.",
+        ], args.earlier[1])
+        text += table("training.stage3", stages[2], [
+            "The third stage, on real MCP servers' conversations; the table above is the fourth,",
+            "the same conversations read with the tools' servers, which started from its model.",
+        ], args.earlier[2])
     text += table("build", [("base", args.base), ("delta", delta_name), ("delta_sha256", delta_sha256)], [
         f"models/fetch builds the model with `models/build.py assemble` from models/{args.base}/",
         f"and {delta_name} (described above), after checking its sha256.",
@@ -475,8 +501,8 @@ def main(argv: list[str]) -> int:
             parser.error(f"--template needs {', '.join(missing)}")
         if "/" in args.base or args.base.startswith("."):
             parser.error(f"--base {args.base}: a model's name (a folder of models/), not a path")
-        if len(args.earlier) > 2:
-            parser.error("--earlier: at most two earlier stages (the manifest names three)")
+        if len(args.earlier) > 3:
+            parser.error("--earlier: at most three earlier stages (the manifest names four)")
         text = template(args)
     else:
         text = replace_files(args)

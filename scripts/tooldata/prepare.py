@@ -188,9 +188,10 @@ class Inputs:
             line = data[: e.start].count(b"\n") + 1
             raise Fail(f"{path}:{line}: not UTF-8 text") from None
 
-    def catalogue(self, path: str, label: str) -> list[dict]:
+    def catalogue(self, path: str, label: str, servers: bool = False) -> list[dict]:
         """A tool list as `[{"name", "description", "parameters"?}]`, from the bare, OpenAI or MCP
-        shape; `parameters` holds the argument names only (see `argument_names`)."""
+        shape; `parameters` holds the argument names only (see `argument_names`). With `servers`,
+        a tool whose `_meta.server` is a string keeps it, as `"_meta": {"server": ...}`."""
         text = self.text(path, label)
         try:
             value = json.loads(text)
@@ -220,7 +221,11 @@ class Inputs:
                 description = ""
             if not isinstance(description, str):
                 raise Fail(f"{path}:1: tools[{i}].description: expected a string")
-            tools.append(with_arguments({"name": name, "description": description}, item))
+            tool = with_arguments({"name": name, "description": description}, item)
+            server = (item.get("_meta") or {}).get("server") if isinstance(item.get("_meta"), dict) else None
+            if servers and isinstance(server, str):
+                tool["_meta"] = {"server": server}
+            tools.append(tool)
         return tools
 
     def cases(self, path: str, label: str) -> list[dict]:

@@ -126,6 +126,21 @@ class Adapt(unittest.TestCase):
         self.assertEqual(done.returncode, 2)
         self.assertIn("written.jsonl:1: a near copy of a held-back conversation (word overlap 0.88)", done.stderr)
 
+    def test_servers_are_kept_only_when_asked(self):
+        (self.root / "cat.json").write_text(json.dumps({"tools": [
+            {"name": "send_message", "description": "s", "_meta": {"server": "slack-mcp"}},
+            {"name": "read_file", "description": "r", "_meta": {"other": 1}}]}))
+        write_jsonl(self.root / "written.jsonl", [case("w0", ["send_message"], "tell #ops the deploy is done")])
+        mcp = ["--mcp", str(self.root / "written.jsonl"), str(self.root / "cat.json")]
+        self.assertEqual(self.run_adapt("plain", *mcp).returncode, 0)
+        self.assertEqual(self.run_adapt("served", *mcp, "--servers").returncode, 0)
+        plain = [r for r in self.lines("plain", "adapt.jsonl") if r["id"] == "w0"][0]
+        served = [r for r in self.lines("served", "adapt.jsonl") if r["id"] == "w0"][0]
+        self.assertEqual(plain["tools"][0], {"name": "send_message", "description": "s"})
+        self.assertEqual(served["tools"][0]["_meta"], {"server": "slack-mcp"})
+        # A tool without a server's name is as it was.
+        self.assertEqual(served["tools"][1], plain["tools"][1])
+
     def test_bad_input_is_a_one_line_error(self):
         write_jsonl(self.root / "eval" / "own" / "tune.jsonl", [case("own-1", ["missing_tool"])])
         done = self.run_adapt("c")

@@ -73,10 +73,29 @@ class Template(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertNotIn("stage1", tomllib.loads(out.stdout)["training"])
 
-    def test_three_earlier_stages_are_refused(self):
-        out = self.template("stage1.toml", "stage2.toml", "stage2.toml")
+    def test_three_earlier_stages_are_three_tables_and_four_are_refused(self):
+        trained(self.root / "stage0.toml", 4, "/work/assembled", "/data/adapt0.jsonl")
+        out = self.template("stage1.toml", "stage2.toml", "stage0.toml")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        doc = tomllib.loads(out.stdout)
+        self.assertEqual([doc["training"][f"stage{k}"]["seed"] for k in (1, 2, 3)], [1, 2, 4])
+        header = " ".join(out.stdout.split("\nname = ")[0].replace("#", " ").split())
+        self.assertIn("each tool of a named server read with the server's name", header)
+        out = self.template("stage1.toml", "stage2.toml", "stage0.toml", "stage0.toml")
         self.assertEqual(out.returncode, 2)
         self.assertIn("--earlier", out.stderr)
+
+    def test_a_model_trained_to_read_servers_says_so(self):
+        path = self.root / "stage3.toml"
+        path.write_text(path.read_text().replace(
+            "lexical_weight = 0.3\n", "lexical_weight = 0.3\ntool_server = true\n"))
+        out = self.template("stage1.toml")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIs(tomllib.loads(out.stdout)["scoring"]["tool_server"], True)
+        path.write_text(path.read_text().replace("tool_server = true", 'tool_server = "yes"'))
+        out = self.template("stage1.toml")
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("scoring.tool_server is not true or false", out.stderr)
 
     def test_a_missing_earlier_manifest_is_named(self):
         out = self.template("stage1.toml", "nowhere.toml")

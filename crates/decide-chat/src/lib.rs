@@ -98,4 +98,4 @@ pub use render::{
     decision_fields, decision_messages, shorten, DecisionMessage, RenderOptions, ELISION_MARKER,
 };
 pub use streaming_chat_model::{ChatStream, ChatStreamEvent, StreamingChatModel};
-pub use tool::{SearchBehavior, ToolSpecification, METADATA_SEARCH_BEHAVIOR};
+pub use tool::{SearchBehavior, ToolSpecification, METADATA_SEARCH_BEHAVIOR, METADATA_SERVER};

@@ -21,6 +21,9 @@ pub struct ToolSpecification {
     pub metadata: Map<String, Value>,
 }
 
+/// The metadata key that names the server a tool comes from (see [`ToolSpecification::server`]).
+pub const METADATA_SERVER: &str = "server";
+
 /// Whether a tool-filtering step may hide a tool, as LangChain4j's `SearchBehavior`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum SearchBehavior {
@@ -86,6 +89,13 @@ impl ToolSpecification {
             .and_then(Value::as_object)
             .map(|properties| properties.keys().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The server the tool comes from: the metadata's `"server"` (an MCP catalogue's
+    /// `_meta.server`, or the name decide's MCP client gives a server's tools), when it is a
+    /// string.
+    pub fn server(&self) -> Option<&str> {
+        self.metadata.get(METADATA_SERVER).and_then(Value::as_str)
     }
 
     /// The same tool with its search behavior set in the metadata.

@@ -42,6 +42,11 @@ pub struct Global {
     /// the model's manifest). The calibration is fitted for the manifest's choice.
     #[arg(long, global = true, value_name = "BOOL")]
     pub tool_parameters: Option<bool>,
+    /// Whether a tool's text carries the name of its server (an MCP catalogue's
+    /// `_meta.server`), `name: [server] description` (default: the model's manifest). The
+    /// calibration is fitted for the manifest's choice.
+    #[arg(long, global = true, value_name = "BOOL")]
+    pub tool_server: Option<bool>,
     /// A second model (typically a cross-encoder) that rescores the --rerank-top most probable
     /// tools of --model: a cascade. For `decide serve`, the model of the rerank endpoints.
     #[arg(long, global = true, value_name = "MODEL")]
@@ -89,6 +94,9 @@ impl Global {
         if let Some(on) = self.tool_parameters {
             builder = builder.tool_parameters(on);
         }
+        if let Some(on) = self.tool_server {
+            builder = builder.tool_server(on);
+        }
         Ok(builder
             .model(&self.model)
             .device(self.device)
@@ -113,6 +121,7 @@ impl Global {
             other.model = rerank.clone();
             other.lexical_weight = None;
             other.tool_parameters = None;
+            other.tool_server = None;
             other.engine(allow_uncalibrated)
         })
         .map_err(|e| anyhow::anyhow!("--rerank {rerank}: {e}"))?;
@@ -621,6 +630,9 @@ pub struct TrainArgs {
     /// highest among those the case does not need (0: in-batch negatives only).
     #[arg(long, default_value_t = 5)]
     pub hard_negatives: usize,
+    /// How many distinct hard negatives each pair draws from its pool a step (bi-encoder).
+    #[arg(long, default_value_t = 1)]
+    pub negatives_per_pair: usize,
     /// With --eval: stop after this many epochs without a better MRR.
     #[arg(long, default_value_t = 2)]
     pub patience: usize,

@@ -353,6 +353,7 @@ fn print_json(out: &mut impl Write, model: &Decider, o: &Outcome) -> anyhow::Res
         "model": about.name, "a": fit.a, "b": fit.b,
         "lexical_weight": about.lexical_weight,
         "tool_parameters": about.tool_parameters,
+        "tool_server": about.tool_server,
         "cases": o.cases, "pairs": o.pairs, "positives": o.positives,
         "log_loss": o.after.log_loss, "ece": o.after.reliability.ece,
         "log_loss_before": o.before.as_ref().map(|b| b.log_loss),
@@ -528,6 +529,7 @@ fn write_manifest(
     let scoring = Scoring {
         lexical_weight: about.lexical_weight,
         tool_parameters: about.tool_parameters,
+        tool_server: about.tool_server,
     };
     Manifest::update_calibration(&path, fit, scoring, conformal)?;
     if let Some(head) = head {

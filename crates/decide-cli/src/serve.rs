@@ -83,6 +83,7 @@ fn reranker(global: &Global) -> anyhow::Result<Option<Engine>> {
     other.model = name.clone();
     other.lexical_weight = None;
     other.tool_parameters = None;
+    other.tool_server = None;
     let engine = other
         .engine(true)
         .map_err(|e| anyhow::anyhow!("--rerank {name}: {e}"))?;

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use decide_engine::{file_sha256, resolve, tool_text, Bf16Tiles, ModelLocation, Precision};
+use decide_engine::{file_sha256, resolve, served_tool_text, Bf16Tiles, ModelLocation, Precision};
 use decide_train::{
     EpochEnd, Example, ExampleSpool, Hyper, ModelMeta, Outcome, RunObserver, Schedule,
     StepProgress, TrainHead, Trainer,
@@ -260,6 +260,7 @@ fn hyper(args: &TrainArgs) -> Hyper {
         max_length: args.max_length,
         seed: args.seed,
         hard_negative_pool: args.hard_negatives,
+        negatives_per_pair: args.negatives_per_pair,
         head: args.head,
         frozen_layers: args.freeze_layers,
         no_tool_margin: args.no_tool_margin,
@@ -308,7 +309,7 @@ fn spool_cases(base: &Decider, args: &TrainArgs, trains_no_tool: bool) -> anyhow
     let mut documents = Documents::default();
     let mut spool = ExampleSpool::create(&beside(&args.out, "spool")?)?;
     let mut no_tool = 0;
-    let tool_parameters = base.about().tool_parameters;
+    let (tool_parameters, tool_server) = (base.about().tool_parameters, base.about().tool_server);
     for_each_case(&args.data, args.tools.as_ref(), |at, case, expected| {
         let provider = build_filter(base, case.tools.clone(), &args.filter)?;
         let request = provider_request(&case.messages).with_context(|| at.to_string())?;
@@ -324,7 +325,13 @@ fn spool_cases(base: &Decider, args: &TrainArgs, trains_no_tool: bool) -> anyhow
                 Vec::new()
             };
             let description = tool.description.as_deref().unwrap_or("");
-            let idx = documents.place(tool_text(&tool.name, description, &arguments));
+            let server = tool.server().filter(|_| tool_server);
+            let idx = documents.place(served_tool_text(
+                &tool.name,
+                description,
+                &arguments,
+                server,
+            ));
             if expected.contains(&tool.name) && !positives.contains(&idx) {
                 positives.push(idx);
             }
@@ -366,8 +373,9 @@ fn model_meta(
     hyper: &Hyper,
     base: &ModelLocation,
     base_spec: &str,
-    tool_parameters: bool,
+    texts: (bool, bool),
 ) -> ModelMeta {
+    let (tool_parameters, tool_server) = texts;
     let base_manifest = base.manifest.as_ref();
     let name = args.name.clone().unwrap_or_else(|| {
         args.out
@@ -394,6 +402,7 @@ fn model_meta(
             TrainHead::CrossEncoder => None,
         },
         tool_parameters,
+        tool_server,
         calibration: None,
         training: hyper.to_toml(),
     }
@@ -448,7 +457,10 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
     let base_spec = args.base.clone().unwrap_or_else(|| global.model.clone());
     let location = resolve(&base_spec)?;
     let base_model = with_model(global, base_spec.clone()).decider(true)?;
-    let tool_parameters = base_model.about().tool_parameters;
+    let texts = (
+        base_model.about().tool_parameters,
+        base_model.about().tool_server,
+    );
     let spooled = spool_cases(&base_model, &args, trains_no_tool)?;
     let device = global.device.open()?;
     let mut trainer = Trainer::from_source(
@@ -473,7 +485,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         pairs: trainer.pairs_per_epoch(),
         trains_no_tool,
     };
-    let mut meta = model_meta(&args, &hyper, &location, &base_spec, tool_parameters);
+    let mut meta = model_meta(&args, &hyper, &location, &base_spec, texts);
     record_data(&mut meta, global, &args, &counts)?;
     let products = if tiles.is_some() { "bf16-amx" } else { "f32" };
     meta.training.insert("products".into(), products.into());

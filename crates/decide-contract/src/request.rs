@@ -228,6 +228,10 @@ pub struct Candidate {
     /// a model reads them is the model's choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parameters: Vec<String>,
+    /// The server or product the candidate belongs to (for an MCP tool, its server's name), never
+    /// blank; `None` when unknown. Whether a model reads it is the model's choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 }
 
 impl Candidate {
@@ -249,6 +253,7 @@ impl Candidate {
             name,
             description,
             parameters: Vec::new(),
+            server: None,
         })
     }
 
@@ -259,6 +264,12 @@ impl Candidate {
             .map(Into::into)
             .filter(|n| !n.trim().is_empty())
             .collect();
+        self
+    }
+
+    /// The candidate with the server it belongs to; a blank name leaves it unknown.
+    pub fn with_server(mut self, server: Option<impl Into<String>>) -> Self {
+        self.server = server.map(Into::into).filter(|s| !s.trim().is_empty());
         self
     }
 }
@@ -391,6 +402,7 @@ impl YesNoQuestion {
             no_when: None,
             candidate: None,
             parameters: Vec::new(),
+            server: None,
         }
     }
 
@@ -421,6 +433,7 @@ impl YesNoQuestion {
             no_when,
             candidate,
             parameters,
+            server,
         } = parts;
         let subject = Subject::new(name, &text, Self::KIND);
         check_text(subject, &text)?;
@@ -434,11 +447,15 @@ impl YesNoQuestion {
             None if !parameters.is_empty() => {
                 return Err(subject.invalid("parameters need a candidate"));
             }
+            None if server.is_some() => {
+                return Err(subject.invalid("a server needs a candidate"));
+            }
             None => None,
             Some((name, description)) => Some(
                 Candidate::new(name, description.unwrap_or_default())
                     .map_err(|_| subject.invalid("a candidate's name must not be blank"))?
-                    .with_parameters(parameters),
+                    .with_parameters(parameters)
+                    .with_server(server),
             ),
         };
         Ok(Self {
@@ -458,6 +475,7 @@ pub struct YesNoQuestionBuilder {
     no_when: Option<String>,
     candidate: Option<(String, Option<String>)>,
     parameters: Vec<String>,
+    server: Option<String>,
 }
 
 impl YesNoQuestionBuilder {
@@ -483,6 +501,13 @@ impl YesNoQuestionBuilder {
     /// parameters must have a candidate.
     pub fn parameters<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.parameters = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The server the candidate belongs to (see [`Candidate::server`]); a question with a
+    /// server must have a candidate.
+    pub fn server(mut self, name: impl Into<String>) -> Self {
+        self.server = Some(name.into());
         self
     }
 
@@ -826,6 +851,8 @@ struct RawCandidate {
     description: Option<String>,
     #[serde(default)]
     parameters: Vec<String>,
+    #[serde(default)]
+    server: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -915,9 +942,9 @@ impl RawQuestion {
 
 impl RawYesNo {
     fn check(self, name: Option<&str>) -> Result<YesNoQuestion> {
-        let (candidate, parameters) = match self.candidate {
-            Some(c) => (Some((c.name, c.description)), c.parameters),
-            None => (None, Vec::new()),
+        let (candidate, parameters, server) = match self.candidate {
+            Some(c) => (Some((c.name, c.description)), c.parameters, c.server),
+            None => (None, Vec::new(), None),
         };
         let parts = YesNoQuestionBuilder {
             text: self.text,
@@ -925,6 +952,7 @@ impl RawYesNo {
             no_when: self.no_when,
             candidate,
             parameters,
+            server,
         };
         YesNoQuestion::from_parts(name, parts)
     }
@@ -1318,6 +1346,33 @@ mod tests {
     }
 
     #[test]
+    fn a_candidates_server_travels_on_the_wire_and_a_blank_one_is_unknown() {
+        let q = YesNoQuestion::builder("Relevant?")
+            .candidate("send_message", "Posts a message")
+            .server("slack-mcp-server")
+            .build()
+            .unwrap();
+        assert_eq!(
+            q.candidate().unwrap().server.as_deref(),
+            Some("slack-mcp-server")
+        );
+        let json = serde_json::to_value(&q).unwrap();
+        assert_eq!(json["candidate"]["server"], "slack-mcp-server");
+        assert_eq!(serde_json::from_value::<YesNoQuestion>(json).unwrap(), q);
+        let blank = YesNoQuestion::builder("Relevant?")
+            .candidate("send_message", "Posts a message")
+            .server("  ")
+            .build()
+            .unwrap();
+        assert_eq!(blank.candidate().unwrap().server, None);
+        assert!(serde_json::to_value(&blank).unwrap()["candidate"]
+            .get("server")
+            .is_none());
+        let msg = err_msg(YesNoQuestion::builder("Relevant?").server("x").build());
+        assert!(msg.contains("a server needs a candidate"), "{msg}");
+    }
+
+    #[test]
     fn yes_no_candidate_description_defaults_to_name() {
         let q = YesNoQuestion::builder("Relevant?")
             .candidate("weather", " ")
@@ -1329,6 +1384,7 @@ mod tests {
                 name: "weather".into(),
                 description: "weather".into(),
                 parameters: Vec::new(),
+                server: None,
             })
         );
         let q = YesNoQuestion::builder("Relevant?")

@@ -276,7 +276,7 @@ impl Scorer for Bm25Model {
         &self,
         request: &DecisionRequest,
     ) -> Result<Vec<(String, f64)>, DecisionError> {
-        let (docs, plans) = plan(request, false);
+        let (docs, plans) = plan(request, false, false);
         let raw = Bm25Index::new(&docs.refs()).coverage(&query_text(request.input()));
         yes_no_raw(request, &plans, &raw)
     }
@@ -291,7 +291,7 @@ impl DecisionModel for Bm25Model {
                 )));
             }
         }
-        let (docs, plans) = plan(request, false);
+        let (docs, plans) = plan(request, false, false);
         let query = query_text(request.input());
         let raw = Bm25Index::new(&docs.refs()).coverage(&query);
         respond(

@@ -90,7 +90,8 @@ mod scoring;
 mod tokenize;
 
 pub use answering::{
-    candidate_text, tool_text, Cascade, Scorer, ScorerInfo, DEFAULT_TOP_K, MAX_TEXT_PARAMETERS,
+    candidate_text, served_tool_text, server_label, tool_text, Cascade, Scorer, ScorerInfo,
+    DEFAULT_TOP_K, MAX_TEXT_PARAMETERS,
 };
 pub use backend::config::{Activation, EncoderConfig, Family};
 pub use backend::device::{CpuKernels, DeviceSpec, Precision};

@@ -109,6 +109,9 @@ pub struct Scoring {
     /// Whether a tool's text carries its parameter names ([`crate::tool_text`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tool_parameters: bool,
+    /// Whether a tool's text carries the name of its server ([`crate::served_tool_text`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool_server: bool,
 }
 
 /// A manifest's `[build]` table: the model is built by `models/fetch` (with `models/build.py
@@ -193,7 +196,7 @@ impl Manifest {
     /// table into the manifest at `path`, each number to four decimals, keeping the rest of the
     /// file (other fields, comments, the place of an existing `[conformal]` table) as it was.
     /// `[scoring]` is written when it differs from the defaults or the table exists, and
-    /// `tool_parameters` in it when it is on or was there.
+    /// `tool_parameters` and `tool_server` in it when on or there before.
     pub fn update_calibration(
         path: &Path,
         calibration: Calibration,
@@ -203,17 +206,21 @@ impl Manifest {
         let Scoring {
             lexical_weight,
             tool_parameters,
+            tool_server,
         } = scoring;
         let mut doc = read_document(path)?;
         doc["calibration"]["a"] = toml_edit::value(round4(calibration.a));
         doc["calibration"]["b"] = toml_edit::value(round4(calibration.b));
-        if lexical_weight != 0.0 || tool_parameters || doc.contains_key("scoring") {
+        if lexical_weight != 0.0 || tool_parameters || tool_server || doc.contains_key("scoring") {
             if !doc.contains_key("scoring") {
                 doc["scoring"] = toml_edit::table();
             }
             doc["scoring"]["lexical_weight"] = toml_edit::value(round4(lexical_weight));
             if tool_parameters || doc["scoring"].get("tool_parameters").is_some() {
                 doc["scoring"]["tool_parameters"] = toml_edit::value(tool_parameters);
+            }
+            if tool_server || doc["scoring"].get("tool_server").is_some() {
+                doc["scoring"]["tool_server"] = toml_edit::value(tool_server);
             }
         }
         const COMMENT: &str =
@@ -783,6 +790,7 @@ mod tests {
         Scoring {
             lexical_weight,
             tool_parameters: false,
+            tool_server: false,
         }
     }
 
@@ -845,6 +853,7 @@ mod tests {
         let with_parameters = Scoring {
             lexical_weight: 0.6,
             tool_parameters: true,
+            tool_server: false,
         };
         Manifest::update_calibration(
             &path,

@@ -340,6 +340,41 @@ fn the_default_model_reads_a_tools_arguments_as_its_manifest_says() {
     }
 }
 
+/// The same tool of two servers, read with or without its server.
+fn same_tool_of_two_servers(engine: &Engine, conversation: &str) -> (f64, f64) {
+    let mut b = DecisionRequest::builder().input(conversation_input(conversation));
+    for (i, server) in ["slack-mcp-server", "@acme/discord-mcp"].iter().enumerate() {
+        let question = YesNoQuestion::builder("Would this tool help to handle the request?")
+            .candidate("send_message", "Post a message to a channel")
+            .parameters(["channel", "text"])
+            .server(*server)
+            .build()
+            .unwrap();
+        b = b.question(format!("tool{i}"), question);
+    }
+    let scores = engine.yes_no_scores(&b.build().unwrap()).unwrap();
+    (scores[0].1, scores[1].1)
+}
+
+#[test]
+fn a_model_that_reads_servers_tells_the_same_tool_of_two_servers_apart() {
+    let conversation = "post the release notes in our slack #general";
+    assert!(
+        engine().tool_server(),
+        "decide-tools-minilm's manifest says tool_server"
+    );
+    let reading = Engine::builder().tool_server(true).build().unwrap();
+    assert!(reading.tool_server());
+    // Turned off, its texts are not the ones the conformal table was fitted on.
+    let ignoring = Engine::builder().tool_server(false).build().unwrap();
+    assert!(reading.conformal().is_some() && ignoring.conformal().is_none());
+    let (slack, discord) = same_tool_of_two_servers(&reading, conversation);
+    assert!(slack > discord, "slack {slack} against discord {discord}");
+    // Without the servers the two texts are one: the same score, as before servers were read.
+    let (slack, discord) = same_tool_of_two_servers(&ignoring, conversation);
+    assert_eq!(slack, discord);
+}
+
 #[test]
 fn choice_and_scale_questions_on_the_real_model() {
     let choice = ChoiceQuestion::builder("Which model should handle this request?")

@@ -215,13 +215,16 @@ impl FilteringToolProvider {
             .map(|chunk| {
                 let mut builder = DecisionRequest::builder().input(input.clone());
                 for (i, tool) in chunk.iter().enumerate() {
-                    let question = YesNoQuestion::builder(self.question_text(tool))
+                    let mut question = YesNoQuestion::builder(self.question_text(tool))
                         .candidate(
                             tool.name.clone(),
                             tool.description.clone().unwrap_or_default(),
                         )
-                        .parameters(tool.parameter_names())
-                        .build()?;
+                        .parameters(tool.parameter_names());
+                    if let Some(server) = tool.server() {
+                        question = question.server(server);
+                    }
+                    let question = question.build()?;
                     builder = builder.question(format!("tool{i}"), question);
                 }
                 builder.build()

@@ -1180,6 +1180,26 @@ fn the_default_question_names_the_tool_and_carries_it_as_the_candidate() {
 }
 
 #[test]
+fn a_tools_server_goes_along_with_its_candidate() {
+    let model = mock();
+    let mut gmail = tool("send_email", "Send an email to someone");
+    gmail
+        .metadata
+        .insert("server".into(), serde_json::json!("gmail-mcp"));
+    let filter = builder(vec![gmail, tool("get_weather", "Current weather")], &model)
+        .build()
+        .unwrap();
+    filter.provide_tools(&ask("Mail Ana")).unwrap();
+    let request = model.request().unwrap();
+    let server = |q: &str| {
+        let question = request.question(q).unwrap().as_yes_no().unwrap();
+        question.candidate().unwrap().server.clone()
+    };
+    assert_eq!(server("tool0").as_deref(), Some("gmail-mcp"));
+    assert_eq!(server("tool1"), None);
+}
+
+#[test]
 fn a_custom_question_template_is_used() {
     let model = mock();
     let filter = builder(catalogue(), &model)

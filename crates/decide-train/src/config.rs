@@ -27,6 +27,10 @@ pub struct Hyper {
     pub max_grad_norm: f64,
     /// How many of the top-ranked unneeded tools a case's hard negative is drawn from (0: none).
     pub hard_negative_pool: usize,
+    /// How many distinct hard negatives each pair draws from its pool a step (at least 1). More
+    /// contrast a request with more of its own catalogue's near tools, at the cost of encoding
+    /// them.
+    pub negatives_per_pair: usize,
     /// The head trained on the encoder.
     pub head: TrainHead,
     /// Layers frozen at the bottom of the encoder, with the embeddings (0: every weight
@@ -53,6 +57,7 @@ impl Default for Hyper {
             dropout: 0.1,
             max_grad_norm: 1.0,
             hard_negative_pool: 5,
+            negatives_per_pair: 1,
             head: TrainHead::BiEncoder,
             frozen_layers: 0,
             no_tool_margin: None,
@@ -85,6 +90,12 @@ impl Hyper {
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", "must be in [0, 1)");
+        }
+        if self.negatives_per_pair == 0 {
+            return bad("negatives-per-pair", "must be at least 1");
+        }
+        if self.negatives_per_pair > 1 && self.head != TrainHead::BiEncoder {
+            return bad("negatives-per-pair", "trains a bi-encoder only");
         }
         if let Some(m) = self.no_tool_margin {
             if !(-1.0..=1.0).contains(&m) {
@@ -120,6 +131,14 @@ impl Hyper {
             "hard_negative_pool".into(),
             (self.hard_negative_pool as i64).into(),
         );
+        // Written only when it is not the default, so that manifests of runs from before the
+        // option read as they did.
+        if self.negatives_per_pair != 1 {
+            t.insert(
+                "negatives_per_pair".into(),
+                (self.negatives_per_pair as i64).into(),
+            );
+        }
         t.insert("head".into(), self.head.name().into());
         t.insert("frozen_layers".into(), (self.frozen_layers as i64).into());
         if let Some(m) = self.no_tool_margin {

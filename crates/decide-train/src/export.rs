@@ -140,6 +140,9 @@ pub struct ModelMeta {
     /// Whether the training texts carried the tools' parameter names, as the model's texts
     /// must then do too.
     pub tool_parameters: bool,
+    /// Whether the training texts carried the tools' servers, as the model's texts must then
+    /// do too.
+    pub tool_server: bool,
     /// The Platt scaling, once fitted.
     pub calibration: Option<Calibration>,
     /// The `[training]` table: data hashes, hyper-parameters, epochs, where the calibration
@@ -163,10 +166,13 @@ pub fn write_manifest(dir: &Path, meta: &ModelMeta) -> Result<()> {
         max_length: meta.max_length,
         license: meta.license.clone(),
         calibration: meta.calibration,
-        scoring: (meta.lexical_weight.is_some() || meta.tool_parameters).then(|| Scoring {
-            lexical_weight: meta.lexical_weight.unwrap_or(0.0),
-            tool_parameters: meta.tool_parameters,
-        }),
+        scoring: (meta.lexical_weight.is_some() || meta.tool_parameters || meta.tool_server).then(
+            || Scoring {
+                lexical_weight: meta.lexical_weight.unwrap_or(0.0),
+                tool_parameters: meta.tool_parameters,
+                tool_server: meta.tool_server,
+            },
+        ),
         training: Some(training),
         build: None,
         conformal: None,
@@ -214,6 +220,7 @@ mod tests {
             license: Some("apache-2.0".into()),
             lexical_weight: Some(0.6),
             tool_parameters: false,
+            tool_server: false,
             calibration: Some(Calibration { a: 10.5, b: -5.25 }),
             training,
         };
@@ -241,6 +248,7 @@ mod tests {
         // Texts with parameters are a scoring setting of their own, with or without a weight.
         let meta = ModelMeta {
             tool_parameters: true,
+            tool_server: false,
             ..meta
         };
         assert_eq!(

@@ -285,6 +285,7 @@ mod tests {
             license: None,
             lexical_weight: None,
             tool_parameters: false,
+            tool_server: false,
             calibration: None,
             training: toml::Table::new(),
         }

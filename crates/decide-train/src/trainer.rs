@@ -493,6 +493,17 @@ impl Trainer {
         })
     }
 
+    /// Case `e`'s hard negatives for one step: `negatives_per_pair` distinct tools of its pool
+    /// (all of them when it holds fewer), one draw each, so that one negative a pair draws as
+    /// a single pick from the pool does.
+    fn draw_negatives(&mut self, e: u32) -> Vec<usize> {
+        let mut left = self.hard[e as usize].clone();
+        let n = self.hyper.negatives_per_pair.min(left.len());
+        (0..n)
+            .map(|_| left.swap_remove(self.rng.below(left.len())) as usize)
+            .collect()
+    }
+
     /// Multiple-negatives ranking: row i's needed tool against every other document of the
     /// batch and the hard negatives.
     fn contrastive_loss(
@@ -514,10 +525,8 @@ impl Trainer {
             }
         }
         for &(e, _) in batch {
-            let pool = &self.hard[e as usize];
-            if !pool.is_empty() {
-                docs.push(pool[self.rng.below(pool.len())] as usize);
-            }
+            let drawn = self.draw_negatives(e);
+            docs.extend(drawn);
         }
         // Another pair's tool that this query also needs is no negative: mask it out.
         let mut mask = Vec::with_capacity(n * docs.len());
@@ -764,6 +773,7 @@ mod tests {
             license: None,
             lexical_weight: None,
             tool_parameters: false,
+            tool_server: false,
             calibration: Some(Calibration { a: 10.0, b: -5.0 }),
             training: hyper(7, 20).to_toml(),
         };
@@ -886,6 +896,7 @@ mod tests {
             license: None,
             lexical_weight: None,
             tool_parameters: false,
+            tool_server: false,
             calibration: None,
             training: cross_hyper(5, epochs).to_toml(),
         };
@@ -1105,6 +1116,56 @@ mod tests {
             7,
             "a case without candidates ranks every tool"
         );
+    }
+
+    #[test]
+    fn each_pair_draws_distinct_negatives_from_its_own_pool() {
+        let draws = |per_pair: usize| {
+            let mut h = hyper(2, 1);
+            h.hard_negative_pool = 5;
+            h.negatives_per_pair = per_pair;
+            let mut t = Trainer::new(&fixture(), data(), h, &Device::Cpu).unwrap();
+            t.mine_hard_negatives().unwrap();
+            let pool = t.hard[0].clone();
+            let drawn: Vec<Vec<usize>> = (0..4).map(|_| t.draw_negatives(0)).collect();
+            (pool, drawn)
+        };
+        let (pool, drawn) = draws(3);
+        assert_eq!(pool.len(), 5);
+        for d in &drawn {
+            let mut unique = d.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), 3, "{d:?}");
+            assert!(
+                d.iter().all(|j| pool.contains(&(*j as u32))),
+                "{d:?} from {pool:?}"
+            );
+        }
+        // More than the pool holds: the whole pool, once each.
+        let (pool, drawn) = draws(9);
+        let mut all = drawn[0].clone();
+        all.sort_unstable();
+        let mut want: Vec<usize> = pool.iter().map(|&j| j as usize).collect();
+        want.sort_unstable();
+        assert_eq!(all, want);
+        // One a pair: a single pick from the pool, as the generator gives it.
+        let mut h = hyper(2, 1);
+        h.hard_negative_pool = 5;
+        let mut t = Trainer::new(&fixture(), data(), h, &Device::Cpu).unwrap();
+        t.mine_hard_negatives().unwrap();
+        for _ in 0..4 {
+            let mut rng = t.rng.clone();
+            let pool = t.hard[0].clone();
+            let single = pool[rng.below(pool.len())] as usize;
+            assert_eq!(t.draw_negatives(0), vec![single]);
+        }
+        let mut bad = hyper(2, 1);
+        bad.negatives_per_pair = 0;
+        let err = Trainer::new(&fixture(), data(), bad, &Device::Cpu)
+            .err()
+            .unwrap();
+        assert!(err.to_string().starts_with("--negatives-per-pair"), "{err}");
     }
 
     /// The best cosine of `query` over the fixture's tools.

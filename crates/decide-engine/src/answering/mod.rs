@@ -18,7 +18,7 @@ mod cascade;
 mod plan;
 
 pub use cascade::{Cascade, DEFAULT_TOP_K};
-pub use plan::{candidate_text, tool_text, MAX_TEXT_PARAMETERS};
+pub use plan::{candidate_text, served_tool_text, server_label, tool_text, MAX_TEXT_PARAMETERS};
 pub(crate) use plan::{plan, respond, yes_no_raw, Plan, Scored};
 
 /// What reports, calibration and `--target-recall` need to know about a [`Scorer`] beyond its
@@ -40,6 +40,8 @@ pub struct ScorerInfo<'a> {
     pub lexical_weight: f64,
     /// Whether a tool's text carries its parameter names ([`tool_text`]).
     pub tool_parameters: bool,
+    /// Whether a tool's text carries its server's name ([`crate::served_tool_text`]).
+    pub tool_server: bool,
     /// The folder of the model, where its manifest lives; `None` for a model without files.
     pub model_dir: Option<&'a Path>,
     /// The needs-tool head that answers
@@ -59,6 +61,7 @@ impl<'a> ScorerInfo<'a> {
             conformal: None,
             lexical_weight: 0.0,
             tool_parameters: false,
+            tool_server: false,
             model_dir: None,
             needs_tool: None,
         }

@@ -38,6 +38,45 @@ pub fn tool_text(name: &str, description: &str, parameters: &[String]) -> String
     }
 }
 
+/// The words of a server's name that a tool's text carries: the part after the last `/`
+/// (a package scope names the author, not the product), split at `-`, `_` and spaces, without
+/// the words `mcp` and `server` that nearly every server's name has; `None` when nothing is
+/// left (`@acme/slack-mcp-server` reads `slack`, `mcp` nothing).
+pub fn server_label(server: &str) -> Option<String> {
+    let name = server.trim().trim_start_matches('@');
+    let last = name.rsplit('/').next().unwrap_or(name);
+    let words: Vec<&str> = last
+        .split(|c: char| c == '-' || c == '_' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .filter(|w| !w.eq_ignore_ascii_case("mcp") && !w.eq_ignore_ascii_case("server"))
+        .collect();
+    (!words.is_empty()).then(|| words.join(" "))
+}
+
+/// The text a tool is scored as by a model that reads its server (`[scoring] tool_server` in
+/// its manifest): [`tool_text`] with the server's [`server_label`] in brackets before the
+/// description, `send_message: [slack] Posts a message (channel, text)`. Catalogues of many
+/// servers hold tools of the same name and purpose, and users name the product they mean.
+/// Without a server (or a label), [`tool_text`].
+pub fn served_tool_text(
+    name: &str,
+    description: &str,
+    parameters: &[String],
+    server: Option<&str>,
+) -> String {
+    let Some(label) = server.and_then(server_label) else {
+        return tool_text(name, description, parameters);
+    };
+    // A candidate without a description carries its name in its place.
+    let description = description.trim();
+    let labelled = if description.is_empty() || description == name {
+        format!("[{label}]")
+    } else {
+        format!("[{label}] {description}")
+    };
+    tool_text(name, &labelled, parameters)
+}
+
 /// Which documents a question needs, as indexes into the request's deduplicated documents.
 pub(crate) enum Plan {
     YesNo {
@@ -67,8 +106,13 @@ impl Documents {
     }
 }
 
-/// With `parameters`, a candidate's text carries its parameter names ([`tool_text`]).
-pub(crate) fn plan(request: &DecisionRequest, parameters: bool) -> (Documents, Vec<Plan>) {
+/// With `parameters`, a candidate's text carries its parameter names ([`tool_text`]); with
+/// `server`, its server's name ([`served_tool_text`]).
+pub(crate) fn plan(
+    request: &DecisionRequest,
+    parameters: bool,
+    server: bool,
+) -> (Documents, Vec<Plan>) {
     let mut docs = Documents::default();
     let mut plans = Vec::new();
     for question in request.questions().values() {
@@ -79,7 +123,8 @@ pub(crate) fn plan(request: &DecisionRequest, parameters: bool) -> (Documents, V
                     (Some(when), _) => when.to_string(),
                     (None, Some(c)) => {
                         let read: &[String] = if parameters { &c.parameters } else { &[] };
-                        tool_text(&c.name, &c.description, read)
+                        let from = c.server.as_deref().filter(|_| server);
+                        served_tool_text(&c.name, &c.description, read, from)
                     }
                     (None, None) => q.text().to_string(),
                 };
@@ -276,9 +321,60 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(
-            plan(&request, true).0.refs(),
+            plan(&request, true, false).0.refs(),
             ["read_file: Read a file (path)"]
         );
-        assert_eq!(plan(&request, false).0.refs(), ["read_file: Read a file"]);
+        assert_eq!(
+            plan(&request, false, false).0.refs(),
+            ["read_file: Read a file"]
+        );
+    }
+
+    #[test]
+    fn a_servers_label_is_the_products_words() {
+        let cases = [
+            ("@john-zhang-dev/xero-mcp-server", Some("xero")),
+            ("slack", Some("slack")),
+            ("mcp-obsidian", Some("obsidian")),
+            ("Asset Price MCP", Some("Asset Price")),
+            ("mcp-servers/everything", Some("everything")),
+            ("brave_search", Some("brave search")),
+            ("mcp", None),
+            (" @scope/ ", None),
+            ("", None),
+        ];
+        for (server, label) in cases {
+            assert_eq!(server_label(server).as_deref(), label, "{server:?}");
+        }
+    }
+
+    #[test]
+    fn a_plan_reads_the_server_only_when_asked_and_only_when_named() {
+        let tool = |server: Option<&str>, description: &str| {
+            let mut q = YesNoQuestion::builder("Relevant?")
+                .candidate("send_message", description)
+                .parameters(["channel"]);
+            if let Some(s) = server {
+                q = q.server(s);
+            }
+            let request = DecisionRequest::builder()
+                .input(decide_contract::DecisionInput::Text("post it".into()))
+                .question("tool0", q.build().unwrap())
+                .build()
+                .unwrap();
+            (
+                plan(&request, true, true).0.refs()[0].to_string(),
+                plan(&request, true, false).0.refs()[0].to_string(),
+            )
+        };
+        let (read, unread) = tool(Some("slack-mcp-server"), "Posts a message");
+        assert_eq!(read, "send_message: [slack] Posts a message (channel)");
+        assert_eq!(unread, "send_message: Posts a message (channel)");
+        // No description: the label stands alone where it would be.
+        let (read, _) = tool(Some("slack"), "");
+        assert_eq!(read, "send_message: [slack] (channel)");
+        // No server, or one whose name says nothing: the text as without the option.
+        assert_eq!(tool(None, "Posts a message").0, unread);
+        assert_eq!(tool(Some("mcp"), "Posts a message").0, unread);
     }
 }

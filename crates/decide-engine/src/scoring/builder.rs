@@ -41,6 +41,7 @@ pub struct EngineBuilder {
     calibration: Option<Calibration>,
     lexical_weight: Option<f64>,
     tool_parameters: Option<bool>,
+    tool_server: Option<bool>,
     allow_uncalibrated: bool,
     cpu_kernels: CpuKernels,
 }
@@ -58,6 +59,7 @@ impl Default for EngineBuilder {
             calibration: None,
             lexical_weight: None,
             tool_parameters: None,
+            tool_server: None,
             allow_uncalibrated: false,
             cpu_kernels: CpuKernels::Auto,
         }
@@ -129,6 +131,15 @@ impl EngineBuilder {
     /// chosen and calibrated with: change the calibration too.
     pub fn tool_parameters(mut self, on: bool) -> Self {
         self.tool_parameters = Some(on);
+        self
+    }
+
+    /// Whether a tool's text carries the name of the server it comes from, when its candidate
+    /// names one ([`crate::served_tool_text`]); default: the manifest's `[scoring]
+    /// tool_server`, else no. As with [`Self::tool_parameters`], a model reads best the texts
+    /// it was trained and calibrated with.
+    pub fn tool_server(mut self, on: bool) -> Self {
+        self.tool_server = Some(on);
         self
     }
 
@@ -252,6 +263,7 @@ impl Engine {
             calibration,
             lexical_weight: scoring.lexical_weight,
             tool_parameters: scoring.tool_parameters,
+            tool_server: scoring.tool_server,
             conformal: scoring.conformal,
             needs_tool,
         };
@@ -423,6 +435,7 @@ fn placement(
 struct ScoringSettings {
     lexical_weight: f64,
     tool_parameters: bool,
+    tool_server: bool,
     conformal: Option<Conformal>,
 }
 
@@ -433,6 +446,8 @@ impl ScoringSettings {
         let lexical_weight = options.lexical_weight.unwrap_or(manifest_weight);
         let manifest_parameters = manifest_scoring.is_some_and(|s| s.tool_parameters);
         let tool_parameters = options.tool_parameters.unwrap_or(manifest_parameters);
+        let manifest_server = manifest_scoring.is_some_and(|s| s.tool_server);
+        let tool_server = options.tool_server.unwrap_or(manifest_server);
         // The table holds the probabilities of the manifest's calibration over the manifest's
         // scores: another calibration or weight makes other probabilities, and its thresholds
         // would promise a recall nobody measured.
@@ -444,10 +459,12 @@ impl ScoringSettings {
                 options.calibration.is_none()
                     && lexical_weight == manifest_weight
                     && tool_parameters == manifest_parameters
+                    && tool_server == manifest_server
             });
         Self {
             lexical_weight,
             tool_parameters,
+            tool_server,
             conformal,
         }
     }

@@ -31,7 +31,7 @@ impl Engine {
 
     /// Plans the request's documents and stages their scoring against its input.
     fn stage_documents(&self, request: &DecisionRequest) -> Result<Documents, DecisionError> {
-        let (docs, plans) = plan(request, self.tool_parameters());
+        let (docs, plans) = plan(request, self.tool_parameters(), self.tool_server());
         let refs = docs.refs();
         // A request that asks only whether any tool is needed still needs the conversation's
         // embedding, when there is a head to read it.
@@ -171,6 +171,7 @@ impl Scorer for Engine {
             conformal: Engine::conformal(self),
             lexical_weight: Engine::lexical_weight(self),
             tool_parameters: Engine::tool_parameters(self),
+            tool_server: Engine::tool_server(self),
             model_dir: Some(&info.dir),
             needs_tool: Engine::needs_tool(self),
         }

@@ -70,6 +70,8 @@ pub struct ModelInfo {
     pub lexical_weight: f64,
     /// Whether a tool's text carries its parameter names ([`crate::tool_text`]).
     pub tool_parameters: bool,
+    /// Whether a tool's text carries its server's name ([`crate::served_tool_text`]).
+    pub tool_server: bool,
     /// The manifest's conformal table (see [`Engine::conformal`]), if it has one and it holds
     /// for the calibration and lexical weight in use.
     pub conformal: Option<Conformal>,
@@ -264,11 +266,18 @@ impl Engine {
         self.inner.info.tool_parameters
     }
 
+    /// Whether a tool's text carries its server's name ([`crate::served_tool_text`]): the
+    /// manifest's `[scoring] tool_server` unless [`EngineBuilder::tool_server`] said.
+    pub fn tool_server(&self) -> bool {
+        self.inner.info.tool_server
+    }
+
     /// The conformal table of the manifest (`[conformal]`, written by `decide calibrate`): the
     /// probabilities of the needed tools of held-out cases, which turn a target recall into a
     /// threshold ([`Conformal::threshold`]). `None` when the manifest has none, or when
     /// [`EngineBuilder::calibration`], [`EngineBuilder::lexical_weight`] or
-    /// [`EngineBuilder::tool_parameters`] changed the probabilities it was computed for.
+    /// [`EngineBuilder::tool_parameters`] or [`EngineBuilder::tool_server`] changed the
+    /// probabilities it was computed for.
     pub fn conformal(&self) -> Option<&Conformal> {
         self.inner.info.conformal.as_ref()
     }
