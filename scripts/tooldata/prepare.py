@@ -222,7 +222,8 @@ class Inputs:
             if not isinstance(description, str):
                 raise Fail(f"{path}:1: tools[{i}].description: expected a string")
             tool = with_arguments({"name": name, "description": description}, item)
-            server = (item.get("_meta") or {}).get("server") if isinstance(item.get("_meta"), dict) else None
+            meta = item.get("_meta")
+            server = meta.get("server") if isinstance(meta, dict) else None
             if servers and isinstance(server, str):
                 tool["_meta"] = {"server": server}
             tools.append(tool)

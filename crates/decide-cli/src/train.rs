@@ -305,11 +305,18 @@ struct Spooled {
 /// The texts exactly as the engine will see them: the filter's rendering of the conversation,
 /// and each tool's candidate text. Cases go to a spool file next to `--out`, read back a batch
 /// at a time; the tools, each once, stay in memory.
-fn spool_cases(base: &Decider, args: &TrainArgs, trains_no_tool: bool) -> anyhow::Result<Spooled> {
+/// `texts` is whether the tools' texts carry their parameters and their servers, as the base
+/// reads them.
+fn spool_cases(
+    base: &Decider,
+    args: &TrainArgs,
+    trains_no_tool: bool,
+    texts: (bool, bool),
+) -> anyhow::Result<Spooled> {
     let mut documents = Documents::default();
     let mut spool = ExampleSpool::create(&beside(&args.out, "spool")?)?;
     let mut no_tool = 0;
-    let (tool_parameters, tool_server) = (base.about().tool_parameters, base.about().tool_server);
+    let (tool_parameters, tool_server) = texts;
     for_each_case(&args.data, args.tools.as_ref(), |at, case, expected| {
         let provider = build_filter(base, case.tools.clone(), &args.filter)?;
         let request = provider_request(&case.messages).with_context(|| at.to_string())?;
@@ -461,7 +468,7 @@ pub fn run(global: &Global, args: TrainArgs) -> anyhow::Result<()> {
         base_model.about().tool_parameters,
         base_model.about().tool_server,
     );
-    let spooled = spool_cases(&base_model, &args, trains_no_tool)?;
+    let spooled = spool_cases(&base_model, &args, trains_no_tool, texts)?;
     let device = global.device.open()?;
     let mut trainer = Trainer::from_source(
         &location.dir,
